@@ -1,0 +1,51 @@
+"""Parse an agent's reply into an action.
+
+Replies follow ReAct, ``Thought: ...`` then ``Action: ...``; the RLFT format
+``ACTION=X`` (seed 004) is read too. The parser takes the **last** action written that is
+valid: a model that corrects itself ("Action: 9 ... no, Action: 4") acts on its last
+valid choice. Where the env cannot enumerate its actions, the last action written is taken.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_PATTERNS = (
+    re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE),
+    re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;]+(?:\[[^\]]*\])?)"),
+)
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """``action`` is the canonical valid action (or the raw text where none is valid)."""
+
+    action: str | None
+    valid: bool
+    candidates: tuple[str, ...] = ()
+
+
+def _candidates(text: str) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for pat in _PATTERNS:
+        for m in pat.finditer(text):
+            value = m.group(1).strip().strip("`'\"").rstrip(".")
+            if value:
+                found.append((m.start(), value))
+    found.sort()
+    return found
+
+
+def parse_action(text: str, valid_actions: Sequence[str] | None = None) -> ParsedAction:
+    """The last valid action in ``text``; ``valid=False`` with the last candidate (or None)."""
+    cands = [c for _, c in _candidates(text)]
+    if valid_actions is None:
+        return ParsedAction(cands[-1] if cands else None, bool(cands), tuple(cands))
+    canon = {a.strip().lower(): a for a in valid_actions}
+    for c in reversed(cands):
+        hit = canon.get(c.lower())
+        if hit is not None:
+            return ParsedAction(hit, True, tuple(cands))
+    return ParsedAction(cands[-1] if cands else None, False, tuple(cands))

@@ -1,0 +1,243 @@
+"""The ``turnrl`` command line (typer).
+
+Every command turns user mistakes into one line on stderr and exit code 2
+(:class:`~turnrl.errors.TurnRLError`); tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from turnrl.errors import TurnRLError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Train LLM agents on multi-turn tasks with preference optimization and RL.")
+envs_app = typer.Typer(no_args_is_help=True, help="List and check environments.")
+data_app = typer.Typer(no_args_is_help=True, help="Validate and import data files.")
+model_app = typer.Typer(no_args_is_help=True, help="The embedded tiny model.")
+train_app = typer.Typer(no_args_is_help=True, help="Train a model (sft, ...).")
+app.add_typer(envs_app, name="envs")
+app.add_typer(data_app, name="data")
+app.add_typer(model_app, name="model")
+app.add_typer(train_app, name="train")
+
+console = Console()
+err_console = Console(stderr=True)
+
+EnvOpt = Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
+
+
+def _env_opts(items: list[str] | None) -> dict[str, Any]:
+    from turnrl.config import parse_overrides
+
+    return parse_overrides(items, what="--env-opt")
+
+
+# ------------------------------------------------------------------------------ envs
+@envs_app.command("list")
+def envs_list() -> None:
+    """List registered environments."""
+    from rich.table import Table
+
+    from turnrl import envs
+
+    table = Table(title="Environments")
+    table.add_column("name")
+    table.add_column("options")
+    for name in envs.names():
+        table.add_row(name, ", ".join(envs.env_options(name) or ["(any)"]))
+    console.print(table)
+
+
+@envs_app.command("check")
+def envs_check(name: str, env_opt: EnvOpt = None, episodes: int = 3) -> None:
+    """Check that an env honours the text-environment contract."""
+    from turnrl import envs
+    from turnrl.envs.checker import check_env
+
+    env = envs.make(name, **_env_opts(env_opt))
+    problems = check_env(env, episodes=episodes)
+    env.close()
+    if problems:
+        for p in problems:
+            err_console.print(f"[red]✗[/red] {name}: {p}")
+        raise typer.Exit(1)
+    console.print(f"[green]✓[/green] {name}: the env contract holds ({episodes} expert and random episodes)")
+
+
+# ------------------------------------------------------------------------------ data
+@data_app.command("validate")
+def data_validate(path: Path) -> None:
+    """Validate a trajectory or pair file; print counts."""
+    from turnrl.data.io import summarize
+
+    summary = summarize(path)
+    console.print_json(json.dumps(summary))
+
+
+@data_app.command("import-eto")
+def data_import_eto(
+    path: Path,
+    out: Annotated[Path, typer.Option("--out", help="Output JSONL.")],
+    env: Annotated[str, typer.Option(help="Env name to record.")] = "unknown",
+    default_reward: Annotated[float | None, typer.Option(help="Return for items without a reward.")] = None,
+) -> None:
+    """Convert ETO's {"id", "conversations"} data to turnrl trajectories."""
+    from turnrl.data.eto import convert_eto
+
+    n = convert_eto(path, out, env=env, default_reward=default_reward)
+    console.print(f"wrote {n} trajectories to {out}")
+
+
+# ----------------------------------------------------------------------------- model
+@model_app.command("init-tiny")
+def model_init_tiny(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model to.")],
+    preset: str = "tiny",
+    seed: int = 0,
+) -> None:
+    """Build the embedded tiny model (tokenizer trained on env text, random weights)."""
+    from turnrl.models.tiny import build_tiny
+
+    path = build_tiny(out, preset=preset, seed=seed)
+    console.print(f"tiny model written to {path}")
+
+
+# ------------------------------------------------------------------- collect / eval
+def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None) -> Any:
+    from turnrl.rollout import SamplingConfig, load_policy
+
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    return load_policy(spec, sampling=sampling, history=history)
+
+
+@app.command()
+def collect(
+    env: Annotated[str, typer.Option(help="Env name.")],
+    policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
+    out: Annotated[Path, typer.Option(help="Output JSONL (appended; a rerun resumes).")],
+    split: str = "train",
+    episodes: int = 100,
+    num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step.")] = 32,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    history: int | None = None,
+    env_opt: EnvOpt = None,
+) -> None:
+    """Collect trajectories of a policy."""
+    from turnrl.collect import run_policy
+    from turnrl.evaluation import summarize
+    from turnrl.progress import progress_bar
+
+    pol = _policy(policy, temperature, max_new_tokens, history)
+    with progress_bar(f"collect {env}/{split}", episodes) as advance:
+        trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
+                           num_envs=num_envs, seed=seed, out=out, progress=advance)
+    r = summarize(trajs, policy=policy, env=env, split=split)
+    console.print(f"{len(trajs)} episodes in {out}: avg return {r['avg_reward']:.3f}, "
+                  f"success {r['success_rate']:.2f}, invalid actions {r['invalid_action_rate']:.2f}")
+
+
+@app.command("eval")
+def eval_cmd(
+    env: Annotated[str, typer.Option(help="Env name.")],
+    policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
+    out: Annotated[Path, typer.Option(help="Report JSON.")],
+    split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable).")] = None,
+    episodes: int = 100,
+    num_envs: int = 32,
+    seed: int = 0,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    max_new_tokens: int = 64,
+    history: int | None = None,
+    env_opt: EnvOpt = None,
+    trajectories: Annotated[Path | None, typer.Option(help="Also write the episodes here.")] = None,
+) -> None:
+    """Evaluate a policy; write {"results": [...]} and print a table."""
+    from turnrl.collect import evaluate
+    from turnrl.data.io import write_jsonl
+    from turnrl.evaluation import results_table
+    from turnrl.progress import progress_bar
+    from turnrl.train.core import atomic_write_json
+
+    pol = _policy(policy, temperature, max_new_tokens, history)
+    results, all_trajs = [], []
+    for s in split or ["seen"]:
+        with progress_bar(f"eval {env}/{s}", episodes) as advance:
+            rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
+                                  num_envs=num_envs, seed=seed, progress=advance, policy_label=policy)
+        results.append(rec)
+        all_trajs.extend(trajs)
+    if trajectories is not None:
+        write_jsonl(trajectories, all_trajs)
+    atomic_write_json(out, {"results": results})
+    console.print(results_table(results))
+
+
+# ------------------------------------------------------------------------------ train
+@train_app.command("sft")
+def train_sft_cmd(
+    model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
+    data: Annotated[Path, typer.Option(help="Trajectories (turnrl JSONL or ETO format).")],
+    out: Annotated[Path, typer.Option(help="Output directory.")],
+    overrides: Overrides = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+) -> None:
+    """Behaviour cloning on agent turns."""
+    from turnrl.config import load_config
+    from turnrl.train.sft import SFTConfig, train_sft
+
+    cfg = load_config(SFTConfig, config, overrides)
+    result = train_sft(model, data, out, cfg, resume=resume)
+    console.print(f"SFT finished: {result.steps} steps, final loss {result.final_loss:.4f}; model in {result.model_dir}")
+
+
+# ------------------------------------------------------------------------- quickstart
+@app.command()
+def quickstart(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/quickstart"),
+    fast: Annotated[bool, typer.Option(help="A smaller run (about a third of the time).")] = False,
+    resume: Annotated[bool, typer.Option(help="Reuse finished stages in --out.")] = True,
+) -> None:
+    """Tiny model -> expert demos -> SFT -> evaluation table, report and plots."""
+    from turnrl.quickstart import run_quickstart
+
+    run_quickstart(out, fast=fast, resume=resume, console=console)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors are one line and exit 2."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        app(args=argv, standalone_mode=False)
+    except TurnRLError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        raise

@@ -1,0 +1,84 @@
+"""Collect and evaluate: run a policy on an env's split through the lock-step sampler.
+
+Collections append to a JSONL file one finished episode at a time; running the same
+collection again after a kill skips the episodes already in the file and plays the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from turnrl import envs
+from turnrl.agent.prompting import PromptConfig
+from turnrl.data.io import JsonlWriter, iter_trajectories
+from turnrl.data.schema import Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.evaluation import summarize
+from turnrl.rollout.policies import Policy
+from turnrl.rollout.sampler import Sampler, plan_episodes
+
+
+def make_env_factory(env_name: str, env_opts: dict[str, Any] | None = None) -> Callable[[], envs.TextEnv]:
+    """A factory for ``env_name`` with ``env_opts``; builds one env now to validate them."""
+    opts = dict(env_opts or {})
+    envs.make(env_name, **opts).close()
+    return lambda: envs.make(env_name, **opts)
+
+
+def run_policy(
+    policy: Policy,
+    env_name: str,
+    *,
+    split: str = "train",
+    episodes: int = 100,
+    env_opts: dict[str, Any] | None = None,
+    num_envs: int = 32,
+    seed: int = 0,
+    prompt: PromptConfig | None = None,
+    out: str | Path | None = None,
+    source: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Trajectory]:
+    """Play ``episodes`` episodes; with ``out``, append each to it and skip those already there."""
+    factory = make_env_factory(env_name, env_opts)
+    probe = factory()
+    try:
+        if split not in ("train", "seen", "unseen"):
+            raise TurnRLError(f"unknown split '{split}'; choose from: train, seen, unseen")
+        specs = plan_episodes(probe, split, episodes, seed)
+    finally:
+        probe.close()
+    src = source or ("expert" if policy.name == "expert" else "policy")
+    done: dict[str, Trajectory] = {}
+    if out is not None and Path(out).exists():
+        for t in iter_trajectories(out):
+            done[t.id] = t
+    todo = [s for s in specs if s.episode_id(env_name) not in done]
+    if progress is not None and len(specs) - len(todo):
+        progress(len(specs) - len(todo))
+    sampler = Sampler(factory, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
+    try:
+        if out is not None:
+            with JsonlWriter(out, append=True) as writer:
+
+                def keep(t: Trajectory) -> None:
+                    writer.write(t)
+                    if progress is not None:
+                        progress(1)
+
+                new = sampler.run(todo, on_episode=keep)
+        else:
+            new = sampler.run(todo, on_episode=(lambda t: progress(1)) if progress is not None else None)
+    finally:
+        sampler.close()
+    by_id = {**done, **{t.id: t for t in new}}
+    return [by_id[s.episode_id(env_name)] for s in specs]
+
+
+def evaluate(policy: Policy, env_name: str, *, split: str, episodes: int, policy_label: str | None = None,
+             **kwargs: Any) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Play and summarize; returns the result record and the trajectories."""
+    trajs = run_policy(policy, env_name, split=split, episodes=episodes, **kwargs)
+    return summarize(trajs, policy=policy_label or policy.name, env=env_name, split=split), trajs

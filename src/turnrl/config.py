@@ -1,0 +1,120 @@
+"""Typed configs: YAML files plus ``key=value`` overrides, unknown keys are errors.
+
+Every command's options are a pydantic model deriving from :class:`Config`. Values come,
+in increasing priority, from the model's defaults, a YAML file, and ``key=value`` (or
+``a.b=value`` for nested models) overrides on the command line. An unknown key is a
+one-line :class:`~turnrl.errors.TurnRLError` that names it and the closest valid key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from turnrl.errors import TurnRLError, did_you_mean
+
+C = TypeVar("C", bound="Config")
+
+
+class Config(BaseModel):
+    """Base of every config: unknown keys are rejected, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override's value as YAML (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list)."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(items: list[str] | None, what: str = "override") -> dict[str, Any]:
+    """Turn ``["a=1", "b.c=x"]`` into a nested dict; a malformed item is a one-line error."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise TurnRLError(f"bad {what} '{item}': expected key=value")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise TurnRLError(f"bad {what} '{item}': empty key")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise TurnRLError(f"bad {what} '{item}': '{part}' is not a section")
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _fields_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Valid field names of the (nested) model at ``loc``'s parent, for suggestions."""
+    model: Any = cls
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def format_validation_error(cls: type[BaseModel], err: ValidationError, source: str) -> str:
+    """One line naming the first bad key, with a suggestion for unknown keys."""
+    first = err.errors()[0]
+    loc = tuple(first.get("loc", ()))
+    key = ".".join(str(p) for p in loc) or "<root>"
+    if first.get("type") == "extra_forbidden":
+        hint = did_you_mean(str(loc[-1]), _fields_at(cls, loc)) if loc else ""
+        return f"{source}: unknown key '{key}'{hint}"
+    return f"{source}: bad value for '{key}': {first.get('msg')} (got {first.get('input')!r})"
+
+
+def load_config(
+    cls: type[C],
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> C:
+    """Build ``cls`` from defaults < ``base`` < YAML file ``path`` < ``overrides``."""
+    data: dict[str, Any] = dict(base or {})
+    source = "config"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise TurnRLError(f"{p}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            raise TurnRLError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(loaded, dict):
+            raise TurnRLError(f"{p}: expected a mapping of keys to values at the top level")
+        data = _merge(data, loaded)
+    extra = parse_overrides(overrides)
+    if extra:
+        data = _merge(data, extra)
+        if path is None:
+            source = "override"
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise TurnRLError(format_validation_error(cls, e, source)) from None

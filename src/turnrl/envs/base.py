@@ -1,0 +1,78 @@
+"""The text-environment contract (DESIGN 2.1).
+
+A :class:`TextEnv` is Gymnasium-shaped, text in and text out::
+
+    obs, info = env.reset(seed=3, options={"task_id": "..."})
+    obs, reward, terminated, truncated, info = env.step("4")
+
+``info`` carries at least ``task_id``; ``valid_actions`` (a list of strings) where the env
+can enumerate its actions; and ``won``/``success`` at the end of an episode. Each env
+names its task ``instruction`` (what the agent must achieve), its task ``splits``
+(``train``, ``seen`` = held-out tasks of the training distribution, ``unseen`` =
+out-of-distribution tasks) and an ``expert`` that acts with a short templated rationale.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+SPLITS = ("train", "seen", "unseen")
+
+
+@dataclass(frozen=True)
+class ExpertStep:
+    """What an expert (or any scripted policy) does: the action and why, in one line."""
+
+    action: str
+    thought: str
+
+
+class TextEnv(abc.ABC):
+    """Base class of every environment. Subclasses set ``name`` and implement the methods.
+
+    Construction takes only keyword options (``make("tictactoe", opponent="random")``);
+    an unknown or bad option raises :class:`~turnrl.errors.TurnRLError` naming it.
+    """
+
+    name: ClassVar[str] = ""
+    #: Upper bound on agent turns in one episode (the sampler stops there, truncated).
+    max_turns: int = 50
+
+    @abc.abstractmethod
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        """Start an episode. ``options["task_id"]`` picks a task; else ``seed`` draws one
+        from ``options.get("split", "train")``. Same seed and options -> same episode."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply one action; returns ``(obs, reward, terminated, truncated, info)``."""
+
+    @property
+    @abc.abstractmethod
+    def instruction(self) -> str:
+        """The task instruction for the current episode (what the agent must achieve),
+        including how to format actions."""
+
+    @abc.abstractmethod
+    def task_ids(self, split: str) -> list[str]:
+        """The task ids of a split (``train`` / ``seen`` / ``unseen``), in a fixed order."""
+
+    @abc.abstractmethod
+    def expert(self, rng: random.Random) -> ExpertStep:
+        """The expert's next action in the current state, with a templated rationale."""
+
+    def valid_actions(self) -> list[str] | None:
+        """The actions allowed now, or None where the env cannot enumerate them."""
+        return None
+
+    def close(self) -> None:  # noqa: B027  (optional hook, not abstract)
+        """Release external resources (processes, files)."""
+
+    def __enter__(self) -> TextEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,502 @@
+"""Losses for SFT, trajectory DPO (ETO), IPO, DMPO and SPPO as pure functions of tensors.
+
+Every function here takes tensors and plain numbers and returns tensors: no models, no
+tokenizers, no strings naming a method (the one exception is SPPO's ``variant``, which picks
+between two targets of one formula). A trainer computes log-probs with a forward pass, calls
+one of these, and reduces the result.
+
+Conventions
+-----------
+* Notation follows ``DESIGN.md`` section 3: a trajectory has agent turns ``t = 0..T-1``;
+  ``log pi(a_t|s_t)`` is the *sum* of token log-probs over the tokens of turn ``t``'s
+  assistant message, and ``log pi(tau) = sum_t log pi(a_t|s_t)``.
+* Preference losses return ``(losses, metrics)``: ``losses`` has one entry per sample (shape
+  ``[B]``) so the trainer chooses the reduction (mean over the global batch, for exact
+  gradient accumulation); ``metrics`` maps a name to a **detached per-sample tensor** of shape
+  ``[B]``, so a trainer can concatenate them across micro-batches and processes before it
+  averages. Metric names are shared by DPO, IPO and DMPO:
+
+  ===================  =====================================================
+  ``chosen_logratio``   ``log pi(y_w) - log pi_ref(y_w)`` (DMPO: phi-weighted sum)
+  ``rejected_logratio`` the same for the rejected trajectory
+  ``chosen_rewards``    ``beta * chosen_logratio`` (implicit reward)
+  ``rejected_rewards``  ``beta * rejected_logratio``
+  ``reward_margin``     ``chosen_rewards - rejected_rewards``
+  ``accuracy``          ``1.0`` where ``reward_margin > 0`` else ``0.0``
+  ===================  =====================================================
+
+* Sums of log-probs are accumulated in at least float32 (bf16 inputs are promoted).
+* Shape errors raise :class:`ValueError` naming the argument and both shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "LossOutput",
+    "dmpo_loss",
+    "dmpo_weights",
+    "dpo_loss",
+    "ipo_loss",
+    "preference_metrics",
+    "sft_loss",
+    "sppo_loss",
+    "turn_logps",
+    "turn_mask_from_counts",
+]
+
+LossOutput = tuple[Tensor, dict[str, Tensor]]
+"""``(per-sample losses [B], {metric name: detached per-sample tensor [B]})``."""
+
+# Below this distance from 1, DMPO's discount uses its exact limit (T - t) / T.
+_GAMMA_ONE_TOL = 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+
+
+def _same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{name_b} has shape {tuple(b.shape)} but {name_a} has shape {tuple(a.shape)}; they must match"
+        )
+
+
+def _ndim(name: str, x: Tensor, ndim: int) -> None:
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+
+
+def _positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype for log-prob sums: at least float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# SFT
+
+
+def sft_loss(token_logps: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Summed negative log-likelihood of the action tokens.
+
+    .. math::  L_{\text{sum}} = -\sum_i m_i \log \pi_\theta(x_i \mid x_{<i}),
+               \qquad n = \sum_i m_i
+
+    The caller divides ``loss_sum`` by the number of action tokens in the *whole* optimizer
+    step (all micro-batches, all processes), not by ``num_tokens`` of this micro-batch, so
+    that gradient accumulation gives exactly the per-token mean of one big batch.
+
+    Args:
+        token_logps: log-prob of each target token, any shape (e.g. ``[B, L]`` or packed ``[N]``).
+        mask: same shape; nonzero (or ``True``) on action tokens. Masked-out positions may hold
+            any value, ``-inf`` included; they never reach the loss or its gradient.
+
+    Returns:
+        ``(loss_sum, num_tokens)``: a float scalar (at least float32) and an int64 scalar.
+    """
+    _same_shape("token_logps", token_logps, "mask", mask)
+    keep = mask.bool()
+    logps = token_logps.to(_acc_dtype(token_logps.dtype))
+    loss_sum = -torch.where(keep, logps, torch.zeros_like(logps)).sum()
+    return loss_sum, keep.sum()
+
+
+# --------------------------------------------------------------------------------------------
+# per-turn log-probs
+
+
+def turn_logps(
+    token_logps: Tensor,
+    turn_index: Tensor,
+    seq_index: Tensor,
+    num_seqs: int,
+    max_turns: int,
+) -> Tensor:
+    r"""Sum token log-probs into per-sequence, per-turn log-probs.
+
+    .. math::  \text{out}[s, t] = \sum_{i:\ \text{seq}_i = s,\ \text{turn}_i = t} \log p_i
+
+    Tokens usually come from one forward pass over several sequences (padded and flattened, or
+    packed). ``token_logps[i]`` must be the log-prob of the token whose turn is
+    ``turn_index[i]`` (i.e. the caller has already applied the next-token shift). Tokens with
+    ``turn_index == -1`` (prompt, observations, padding) are ignored, whatever value they hold.
+    Implemented with one ``scatter_add`` and no host synchronisation except the range check.
+
+    Args:
+        token_logps: float, any shape; flattened.
+        turn_index: integer, same shape; agent turn of each token, ``-1`` for non-agent tokens.
+        seq_index: integer, same shape; the sequence (0..num_seqs-1) each token belongs to.
+        num_seqs: number of sequences ``S``.
+        max_turns: width ``T_max`` of the output.
+
+    Returns:
+        ``[num_seqs, max_turns]`` tensor (dtype at least float32); turns without tokens are 0.
+    """
+    _same_shape("token_logps", token_logps, "turn_index", turn_index)
+    _same_shape("token_logps", token_logps, "seq_index", seq_index)
+    if num_seqs < 0 or max_turns < 0:
+        raise ValueError(f"num_seqs and max_turns must be >= 0, got {num_seqs} and {max_turns}")
+    if turn_index.is_floating_point() or seq_index.is_floating_point():
+        raise ValueError("turn_index and seq_index must be integer tensors")
+    logps = token_logps.reshape(-1).to(_acc_dtype(token_logps.dtype))
+    turns = turn_index.reshape(-1).long()
+    seqs = seq_index.reshape(-1).long()
+    valid = turns >= 0
+    if logps.numel() and bool(
+        ((turns >= max_turns) | (valid & ((seqs < 0) | (seqs >= num_seqs))) | (turns < -1)).any()
+    ):
+        raise ValueError(
+            f"turn_index must lie in [-1, {max_turns}) and seq_index of agent tokens in [0, {num_seqs}); "
+            f"got turn_index in [{int(turns.min())}, {int(turns.max())}], "
+            f"seq_index in [{int(seqs.min())}, {int(seqs.max())}]"
+        )
+    flat = torch.where(valid, seqs * max_turns + turns, torch.zeros_like(turns))
+    src = torch.where(valid, logps, torch.zeros_like(logps))
+    out = logps.new_zeros(num_seqs * max_turns)
+    if out.numel() == 0:
+        return out.view(num_seqs, max_turns)
+    return out.scatter_add(0, flat, src).view(num_seqs, max_turns)
+
+
+def turn_mask_from_counts(num_turns: Tensor, max_turns: int) -> Tensor:
+    """``mask[b, t] = t < num_turns[b]``: a ``[B, max_turns]`` bool tensor of real (non-padding) turns."""
+    _ndim("num_turns", num_turns, 1)
+    steps = torch.arange(max_turns, device=num_turns.device)
+    return steps.unsqueeze(0) < num_turns.unsqueeze(1)
+
+
+# --------------------------------------------------------------------------------------------
+# DPO family
+
+
+def preference_metrics(chosen_logratio: Tensor, rejected_logratio: Tensor, beta: float) -> dict[str, Tensor]:
+    """Detached per-sample metrics shared by DPO, IPO and DMPO (see the module docstring)."""
+    chosen = chosen_logratio.detach()
+    rejected = rejected_logratio.detach()
+    chosen_rewards = beta * chosen
+    rejected_rewards = beta * rejected
+    margin = chosen_rewards - rejected_rewards
+    return {
+        "chosen_logratio": chosen,
+        "rejected_logratio": rejected,
+        "chosen_rewards": chosen_rewards,
+        "rejected_rewards": rejected_rewards,
+        "reward_margin": margin,
+        "accuracy": (margin > 0).to(chosen.dtype),
+    }
+
+
+def _pair_logratios(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+) -> tuple[Tensor, Tensor]:
+    _same_shape("policy_chosen_logps", policy_chosen_logps, "policy_rejected_logps", policy_rejected_logps)
+    _same_shape("policy_chosen_logps", policy_chosen_logps, "ref_chosen_logps", ref_chosen_logps)
+    _same_shape("policy_chosen_logps", policy_chosen_logps, "ref_rejected_logps", ref_rejected_logps)
+    return policy_chosen_logps - ref_chosen_logps, policy_rejected_logps - ref_rejected_logps
+
+
+def _sigmoid_loss(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    logits = beta * h
+    if label_smoothing == 0.0:
+        return -F.logsigmoid(logits)
+    return -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+) -> LossOutput:
+    r"""Trajectory DPO (ETO), optionally conservative (label-smoothed).
+
+    With trajectory log-probs (sums over all agent-turn tokens)
+
+    .. math::
+        h = [\log\pi_\theta(\tau_w) - \log\pi_{ref}(\tau_w)] - [\log\pi_\theta(\tau_l) - \log\pi_{ref}(\tau_l)]
+
+        L = -(1-\varepsilon)\log\sigma(\beta h) - \varepsilon\log\sigma(-\beta h)
+
+    :math:`\varepsilon` = ``label_smoothing`` is the probability that a pair's label is flipped
+    (conservative DPO, cDPO); ``0`` gives the DPO loss of the paper. Gradient w.r.t. ``h``:
+    :math:`-\beta[(1-\varepsilon) - \sigma(\beta h)]`, so with :math:`\varepsilon>0` the loss
+    stops pushing once :math:`\sigma(\beta h) = 1-\varepsilon`.
+
+    Example: :math:`\beta=0.1`, chosen log-ratio ``1``, rejected ``-2``: :math:`h=3`,
+    :math:`L=-\log\sigma(0.3)=\log(1+e^{-0.3})\approx 0.5544`.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps:
+            ``[B]`` trajectory log-probs (any equal shapes are accepted).
+        beta: inverse temperature :math:`\beta>0` (paper: 0.1; 0.5 on ALFWorld).
+        label_smoothing: :math:`\varepsilon \in [0, 0.5)`.
+
+    Returns:
+        ``(losses [B], metrics)``; metrics as in the module docstring.
+    """
+    _positive("beta", beta)
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must lie in [0, 0.5), got {label_smoothing}")
+    chosen, rejected = _pair_logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
+    losses = _sigmoid_loss(chosen - rejected, beta, label_smoothing)
+    return losses, preference_metrics(chosen, rejected, beta)
+
+
+def ipo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float = 0.1,
+) -> LossOutput:
+    r"""IPO (Azar et al., 2023, eq. 17) on trajectory log-probs.
+
+    .. math::  L = \left(h - \frac{1}{2\beta}\right)^2
+
+    with :math:`h` as in :func:`dpo_loss` (here :math:`\beta` is IPO's :math:`\tau`). The log-ratios
+    are **sums** over agent tokens, as ``DESIGN.md`` specifies; TRL's ``ipo`` divides each by its
+    number of completion tokens first, so pass per-token averages to reproduce that variant.
+
+    Example: :math:`\beta=0.5`, :math:`h=3`: :math:`L=(3-1)^2=4`.
+
+    Returns:
+        ``(losses [B], metrics)``; metrics as in the module docstring (rewards scaled by ``beta``).
+    """
+    _positive("beta", beta)
+    chosen, rejected = _pair_logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
+    losses = (chosen - rejected - 1.0 / (2.0 * beta)) ** 2
+    return losses, preference_metrics(chosen, rejected, beta)
+
+
+# --------------------------------------------------------------------------------------------
+# DMPO
+
+
+def dmpo_weights(
+    num_turns: Tensor, max_turns: int, gamma: float, *, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    r"""DMPO's discount function, one row per trajectory.
+
+    .. math::
+        \phi(t, T) = \frac{\gamma^t (1-\gamma^{T-t})}{1-\gamma^T}\ \ (t < T), \qquad \phi(t,T) = 0\ \ (t \ge T)
+
+    It comes from the length-normalised discounted occupancy measure: the turn-``t`` log-ratio
+    appears in the occupancy of every later state ``k >= t`` with weight
+    :math:`\gamma^k(1-\gamma)/(1-\gamma^T)`, and :math:`\sum_{k=t}^{T-1}\gamma^k(1-\gamma) = \gamma^t(1-\gamma^{T-t})`.
+    So :math:`\phi(0,T)=1` and :math:`\phi` decreases in ``t``. Limits, both handled exactly:
+
+    * :math:`\gamma = 0`: :math:`\phi = 1` at ``t = 0`` and 0 elsewhere (DPO on the first action);
+    * :math:`\gamma \to 1` (:math:`|1-\gamma| < 10^{-6}`): :math:`\phi = (T-t)/T`.
+
+    Otherwise the powers are evaluated in log space,
+    :math:`\phi = e^{t\ell}\,\mathrm{expm1}((T-t)\ell)/\mathrm{expm1}(T\ell)` with
+    :math:`\ell=\log\gamma` taken in double precision, which keeps full relative precision
+    in float32 even for :math:`\gamma` close to 1. Rows with ``T = 0`` are all zeros.
+
+    Example: :math:`\gamma=0.5`, :math:`T=3`: :math:`\phi = [1,\ 0.5\cdot0.75/0.875,\ 0.25\cdot0.5/0.875]
+    = [1, 3/7, 1/7]`.
+
+    Args:
+        num_turns: ``[B]`` integer number of agent turns of each trajectory.
+        max_turns: width of the output (must be ``>= num_turns.max()`` for the weights to cover
+            every turn; this function does not check it).
+        gamma: discount :math:`\gamma \in [0, 1]`.
+        dtype: output dtype (computation is in float32 or wider).
+
+    Returns:
+        ``[B, max_turns]`` weights, constant (no gradient).
+    """
+    _ndim("num_turns", num_turns, 1)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    work = _acc_dtype(dtype)
+    t = torch.arange(max_turns, device=num_turns.device, dtype=work).unsqueeze(0)  # [1, M]
+    big_t = num_turns.to(work).unsqueeze(1)  # [B, 1]
+    real = t < big_t  # [B, M]
+    zeros = torch.zeros((), device=num_turns.device, dtype=work)
+    if gamma == 0.0:
+        phi = torch.where(real & (t == 0), torch.ones((), device=num_turns.device, dtype=work), zeros)
+    elif abs(1.0 - gamma) < _GAMMA_ONE_TOL:
+        phi = torch.where(real, (big_t - t) / big_t.clamp(min=1.0), zeros)
+    else:
+        log_gamma = math.log(gamma)
+        num = torch.exp(t * log_gamma) * torch.expm1((big_t - t) * log_gamma)
+        den = torch.expm1(big_t.clamp(min=1.0) * log_gamma)
+        phi = torch.where(real, num / den, zeros)
+    return phi.to(dtype)
+
+
+def _weighted_logratio(name: str, policy: Tensor, ref: Tensor, num_turns: Tensor, gamma: float) -> Tensor:
+    """``sum_{t<T} phi(t, T) * (policy[:, t] - ref[:, t])``; padding turns never reach the result."""
+    _ndim(f"policy_{name}_turn_logps", policy, 2)
+    _same_shape(f"policy_{name}_turn_logps", policy, f"ref_{name}_turn_logps", ref)
+    _ndim(f"{name}_num_turns", num_turns, 1)
+    if num_turns.shape[0] != policy.shape[0]:
+        raise ValueError(
+            f"{name}_num_turns has shape {tuple(num_turns.shape)} but policy_{name}_turn_logps has "
+            f"batch size {policy.shape[0]}; they must match"
+        )
+    if num_turns.is_floating_point():
+        raise ValueError(f"{name}_num_turns must be an integer tensor")
+    width = policy.shape[1]
+    if num_turns.numel() and bool(((num_turns < 0) | (num_turns > width)).any()):
+        raise ValueError(
+            f"{name}_num_turns must lie in [0, {width}] (the width of policy_{name}_turn_logps), "
+            f"got values in [{int(num_turns.min())}, {int(num_turns.max())}]"
+        )
+    work = _acc_dtype(policy.dtype)
+    delta = policy.to(work) - ref.to(work)
+    real = turn_mask_from_counts(num_turns, width)
+    delta = torch.where(real, delta, torch.zeros_like(delta))  # padding may hold anything, even inf/nan
+    phi = dmpo_weights(num_turns, width, gamma, dtype=work)
+    return (phi * delta).sum(dim=1)
+
+
+def dmpo_loss(
+    policy_chosen_turn_logps: Tensor,
+    policy_rejected_turn_logps: Tensor,
+    ref_chosen_turn_logps: Tensor,
+    ref_rejected_turn_logps: Tensor,
+    chosen_num_turns: Tensor,
+    rejected_num_turns: Tensor,
+    *,
+    beta: float = 0.1,
+    gamma: float = 0.7,
+) -> LossOutput:
+    r"""DMPO: discounted, length-normalised multi-turn DPO (Shi et al., 2024, eq. 17).
+
+    .. math::
+        L = -\log\sigma\Big(\sum_{t<T_w}\beta\,\phi(t,T_w)\,\Delta_{w,t} - \sum_{t<T_l}\beta\,\phi(t,T_l)\,\Delta_{l,t}\Big),
+        \qquad \Delta_t = \log\pi_\theta(a_t|s_t) - \log\pi_{ref}(a_t|s_t)
+
+    with :math:`\phi` from :func:`dmpo_weights`; each trajectory uses its own length ``T``, so
+    chosen and rejected may differ in length and in padded width (``Tc`` vs ``Tr``).
+    Turn log-probs at ``t >= T`` (padding) are ignored whatever they hold.
+    :math:`\gamma=0` is DPO on the first agent action; :math:`\gamma\to1` weighs turn ``t`` by
+    :math:`(T-t)/T`. The authors' code defaults to :math:`\gamma=0.7`.
+
+    Args:
+        policy_chosen_turn_logps, ref_chosen_turn_logps: ``[B, Tc]`` per-turn log-probs
+            (see :func:`turn_logps`).
+        policy_rejected_turn_logps, ref_rejected_turn_logps: ``[B, Tr]``.
+        chosen_num_turns, rejected_num_turns: ``[B]`` integer turn counts, ``<= Tc`` / ``<= Tr``.
+        beta: :math:`\beta > 0`.
+        gamma: :math:`\gamma \in [0, 1]`.
+
+    Returns:
+        ``(losses [B], metrics)``; the ``*_logratio`` metrics are the :math:`\phi`-weighted sums
+        :math:`\sum_t \phi(t,T)\Delta_t` and the rewards are ``beta`` times those.
+    """
+    _positive("beta", beta)
+    for name, x in (("chosen", policy_chosen_turn_logps), ("rejected", policy_rejected_turn_logps)):
+        _ndim(f"policy_{name}_turn_logps", x, 2)
+    if policy_chosen_turn_logps.shape[0] != policy_rejected_turn_logps.shape[0]:
+        raise ValueError(
+            f"policy_chosen_turn_logps has batch size {policy_chosen_turn_logps.shape[0]} but "
+            f"policy_rejected_turn_logps has {policy_rejected_turn_logps.shape[0]}; they must match"
+        )
+    chosen = _weighted_logratio(
+        "chosen", policy_chosen_turn_logps, ref_chosen_turn_logps, chosen_num_turns, gamma
+    )
+    rejected = _weighted_logratio(
+        "rejected", policy_rejected_turn_logps, ref_rejected_turn_logps, rejected_num_turns, gamma
+    )
+    losses = -F.logsigmoid(beta * (chosen - rejected))
+    return losses, preference_metrics(chosen, rejected, beta)
+
+
+# --------------------------------------------------------------------------------------------
+# SPPO
+
+
+def sppo_loss(
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    win_rates: Tensor | None,
+    *,
+    eta: float,
+    variant: Literal["soft", "hard"] = "soft",
+    is_chosen: Tensor | None = None,
+) -> LossOutput:
+    r"""SPPO's squared loss (Wu et al., 2024, eq. 3.6), one sample at a time.
+
+    .. math::  L(y) = \Big(\log\frac{\pi_\theta(y)}{\pi_t(y)} - \eta\,\big(\hat P(y \succ \pi_t) - \tfrac12\big)\Big)^2
+
+    ``ref_logps`` are the log-probs under :math:`\pi_t`, the policy at the start of the
+    iteration; for multi-turn samples both are sums over agent-turn tokens. The constant
+    :math:`\eta/2` replaces :math:`\log Z` (the paper's approximation), so a sample with win
+    rate 1/2 is left where it is.
+
+    * ``variant="soft"``: :math:`\hat P` = ``win_rates`` (e.g. the mean of
+      :math:`P(y \succ y_k)` over the K samples of the task).
+    * ``variant="hard"``: :math:`\hat P` = 1 where ``is_chosen`` (winner), 0 otherwise, i.e.
+      targets :math:`+\eta/2` and :math:`-\eta/2`; ``win_rates`` is ignored and may be ``None``.
+
+    Relation to TRL: ``DPOTrainer`` with ``loss_type="sppo_hard"`` computes, per pair,
+    :math:`(\ell_w - \tfrac{1}{2\beta})^2 + (\ell_l + \tfrac{1}{2\beta})^2`; that is the sum of
+    this function's hard losses on the winner and the loser with :math:`\eta = 1/\beta`
+    (the SPPO authors' code likewise passes :math:`\beta = 1/\eta`). This function implements
+    the paper's / ``DESIGN.md``'s form with :math:`\eta` directly.
+
+    Example: :math:`\eta=2`, log-ratio 0.3, :math:`\hat P=0.8`: target :math:`2\cdot0.3=0.6`,
+    :math:`L=(0.3-0.6)^2=0.09`.
+
+    Args:
+        policy_logps, ref_logps: ``[B]`` sequence log-probs.
+        win_rates: ``[B]`` in [0, 1] for ``"soft"``.
+        eta: :math:`\eta > 0`.
+        variant: ``"soft"`` or ``"hard"``.
+        is_chosen: ``[B]`` bool, required for ``"hard"``.
+
+    Returns:
+        ``(losses [B], metrics)`` with detached per-sample ``logratio``
+        (:math:`\log\pi_\theta/\pi_t`), ``win_rate`` (:math:`\hat P` used), ``target``
+        (:math:`\eta(\hat P - 1/2)`) and ``error`` (``logratio - target``).
+    """
+    _positive("eta", eta)
+    _same_shape("policy_logps", policy_logps, "ref_logps", ref_logps)
+    if variant == "soft":
+        if win_rates is None:
+            raise ValueError("sppo_loss(variant='soft') needs win_rates")
+        _same_shape("policy_logps", policy_logps, "win_rates", win_rates)
+        p_hat = win_rates.to(policy_logps.dtype)
+    elif variant == "hard":
+        if is_chosen is None:
+            raise ValueError("sppo_loss(variant='hard') needs is_chosen (True for winners, False for losers)")
+        _same_shape("policy_logps", policy_logps, "is_chosen", is_chosen)
+        p_hat = is_chosen.bool().to(policy_logps.dtype)
+    else:
+        raise ValueError(f"sppo_loss variant must be 'soft' or 'hard', got {variant!r}")
+    logratio = policy_logps - ref_logps
+    target = eta * (p_hat - 0.5)
+    error = logratio - target
+    metrics = {
+        "logratio": logratio.detach(),
+        "win_rate": p_hat.detach(),
+        "target": target.detach(),
+        "error": error.detach(),
+    }
+    return error**2, metrics

@@ -1,0 +1,75 @@
+"""Load a causal LM and its tokenizer from a directory or a hub id, with one-line errors.
+
+``tiny`` names the embedded default model: it is built on first use into the cache
+directory (``$TURNRL_HOME`` or ``~/.cache/turnrl``) and loaded from there like any other
+model directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from turnrl.errors import TurnRLError
+
+TINY = "tiny"
+
+
+def turnrl_home() -> Path:
+    return Path(os.environ.get("TURNRL_HOME", Path.home() / ".cache" / "turnrl"))
+
+
+def resolve_model_path(name: str | Path) -> str:
+    """A local directory, ``tiny`` (built on demand), or a hub id (validated by loading).
+
+    A value that looks like a path (starts with ``.``, ``/`` or ``~``, or exists) must be a
+    directory holding a ``config.json``; anything else is passed to transformers as a hub id.
+    """
+    text = str(name)
+    if text == TINY:
+        from turnrl.models.tiny import ensure_tiny
+
+        return str(ensure_tiny())
+    p = Path(text).expanduser()
+    looks_like_path = text.startswith((".", "/", "~")) or p.exists() or os.sep in text and text.count("/") > 1
+    if looks_like_path:
+        if not p.is_dir():
+            raise TurnRLError(f"model path not found: {text}")
+        if not (p / "config.json").is_file():
+            raise TurnRLError(f"{text}: not a model directory (no config.json)")
+        return str(p)
+    return text
+
+
+def load_tokenizer(name: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise TurnRLError(f"cannot load tokenizer '{name}': {str(e).splitlines()[0]}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    return tok
+
+
+def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = None) -> Any:
+    """``AutoModelForCausalLM`` in ``dtype`` (``auto``: bf16 on a bf16-capable GPU, else fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                       "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)  # type: ignore[arg-type]
+    except (OSError, ValueError) as e:
+        raise TurnRLError(f"cannot load model '{name}': {str(e).splitlines()[0]}") from None
+    if device is not None:
+        model.to(device)
+    return model

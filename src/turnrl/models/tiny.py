@@ -1,0 +1,139 @@
+"""The embedded default model ``tiny`` (DESIGN 2.5).
+
+A Llama-architecture causal LM of about two million parameters with a byte-level BPE
+tokenizer trained with ``tokenizers`` on text from the built-in environments (their
+instructions, observations and expert turns), a ChatML chat template, saved with
+``save_pretrained`` and loaded through ``AutoModelForCausalLM`` / ``AutoTokenizer`` like
+any hub model. The weights are randomly initialized: it is a model to train, not a model
+that knows anything. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from turnrl.errors import TurnRLError
+
+TINY_VERSION = "tiny-v1"
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+#: Size presets: (hidden, intermediate, layers, heads, vocab)
+PRESETS: dict[str, tuple[int, int, int, int, int]] = {
+    "tiny": (192, 512, 4, 4, 2048),
+    "small": (256, 768, 6, 8, 4096),
+}
+
+
+def env_corpus(episodes_per_split: int = 40, seed: int = 0) -> Iterator[str]:
+    """Text of the built-in environments: instructions, observations, expert turns."""
+    from turnrl import envs
+    from turnrl.envs import SPLITS
+
+    rng = random.Random(seed)
+    for name in envs.names():
+        try:
+            env = envs.make(name)
+        except TurnRLError:
+            continue  # an env whose optional dependency is missing
+        with env:
+            for split in SPLITS:
+                ids = env.task_ids(split)
+                for k in range(min(episodes_per_split, len(ids))):
+                    obs, info = env.reset(seed=k, options={"task_id": ids[k]})
+                    yield env.instruction
+                    for _ in range(env.max_turns):
+                        yield obs
+                        step = env.expert(rng)
+                        if rng.random() < 0.3 and info.get("valid_actions"):
+                            step = type(step)(rng.choice(info["valid_actions"]), step.thought)
+                        yield f"Thought: {step.thought}\nAction: {step.action}"
+                        obs, _, term, trunc, info = env.step(step.action)
+                        if term or trunc:
+                            yield obs
+                            break
+
+
+def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes_per_split: int = 40) -> Path:
+    """Train the tokenizer and write a randomly initialized model to ``out``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    if preset not in PRESETS:
+        raise TurnRLError(f"unknown tiny preset '{preset}'; choose from: {', '.join(PRESETS)}")
+    hidden, inter, layers, heads, vocab = PRESETS[preset]
+    out = Path(out)
+    corpus = list(env_corpus(episodes_per_split, seed))
+    corpus += [CHATML_TEMPLATE, "system user assistant Thought: Action: ACTION="]
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+        model_max_length=2048,
+    )
+    tok.chat_template = CHATML_TEMPLATE
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+        initializer_range=0.02,
+    )
+    model = LlamaForCausalLM(config)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")],
+        pad_token_id=tok.pad_token_id,
+    )
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "TURNRL_TINY").write_text(f"{TINY_VERSION} preset={preset} seed={seed}\n")
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return out
+
+
+def ensure_tiny() -> Path:
+    """The cached default tiny model, built on first use."""
+    from turnrl.models.loading import turnrl_home
+
+    path = turnrl_home() / TINY_VERSION
+    if not (path / "config.json").is_file():
+        build_tiny(path)
+    return path

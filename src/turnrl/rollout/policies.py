@@ -1,0 +1,125 @@
+"""Policies the sampler can run: scripted ones (expert, random) and models.
+
+All go through the same sampler path: given the active episodes of a step, a policy
+returns each one's reply text (and, for models, the sampled token ids and log-probs).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from turnrl.agent.prompting import agent_view, format_turn
+from turnrl.data.schema import Message
+from turnrl.envs.base import TextEnv
+from turnrl.rollout.engine import Engine, SamplingConfig
+from turnrl.tokenization import ChatFormat
+
+
+@dataclass
+class Request:
+    """One active episode asking for its next turn."""
+
+    env: TextEnv
+    messages: list[Message]
+    turn: int
+    valid_actions: list[str] | None
+    rng: random.Random
+
+
+@dataclass
+class Reply:
+    content: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    name: str
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]: ...
+
+
+class ExpertPolicy:
+    """The env's expert, with its templated rationale (thought cloning)."""
+
+    name = "expert"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        out = []
+        for r in requests:
+            step = r.env.expert(r.rng)
+            out.append(Reply(format_turn(step.thought, step.action)))
+        return out
+
+
+class RandomPolicy:
+    """A uniformly random valid action (where the env lists them)."""
+
+    name = "random"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        out = []
+        for r in requests:
+            if r.valid_actions:
+                action = r.rng.choice(r.valid_actions)
+            else:
+                action = r.env.expert(r.rng).action  # no action list: nothing else to draw from
+            out.append(Reply(format_turn(f"I pick {action} at random.", action)))
+        return out
+
+
+class ModelPolicy:
+    """A language model: every active episode's prompt goes into one engine call."""
+
+    def __init__(self, engine: Engine, chat: ChatFormat, sampling: SamplingConfig, *, history: int | None = None,
+                 name: str = "model"):
+        self.engine = engine
+        self.chat = chat
+        self.sampling = sampling
+        self.history = history
+        self.name = name
+
+    def prompts(self, requests: Sequence[Request]) -> list[list[int]]:
+        out = []
+        for r in requests:
+            view, _ = agent_view(r.messages, r.turn, self.history)
+            out.append(self.chat.prompt_ids(view))
+        return out
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        gens = self.engine.generate(self.prompts(requests), self.sampling)
+        stops = set(self.chat.stop_token_ids)
+        out = []
+        for g in gens:
+            body = g.token_ids[:-1] if g.finished and g.token_ids and g.token_ids[-1] in stops else g.token_ids
+            text = self.chat.tokenizer.decode(body, skip_special_tokens=False)
+            out.append(Reply(text, list(g.token_ids), list(g.logprobs), {"finished": g.finished}))
+        return out
+
+
+def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: int | None = None,
+                device: str | None = None) -> Policy:
+    """``expert``, ``random``, or a model directory / hub id / ``tiny``."""
+    if spec == "expert":
+        return ExpertPolicy()
+    if spec == "random":
+        return RandomPolicy()
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.rollout.engine import HFEngine
+
+    tok = load_tokenizer(spec)
+    model = load_model(spec, device=device)
+    chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
+    engine = HFEngine(model, tok, chat.stop_token_ids)
+    return ModelPolicy(engine, chat, sampling or SamplingConfig(), history=history, name=spec)
+
+
+def _gen_eos(model: Any) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

@@ -1,0 +1,207 @@
+"""The lock-step sampler: N environments, one policy call per step.
+
+Every step, each active environment's conversation goes to the policy in one call (for a
+model, one batched ``generate``); each reply is parsed into an action, the invalid-action
+policy applied, and the environments stepped. When an episode ends its trajectory is
+written (flushed, so a killed collection keeps every finished episode) and the slot takes
+the next planned episode. Scripted policies (expert, random) run through the same path.
+
+Episodes are planned up front (:func:`plan_episodes`): episode ``i`` of a split plays
+task ``task_ids[i % n]`` and draws its randomness (expert tie-breaks, random actions, the
+env's reset seed) from ``(seed, i)`` alone, so scripted collections do not depend on the
+number of environments and resumed collections skip exactly the episodes already written.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.agent.parsing import parse_action
+from turnrl.agent.prompting import PromptConfig, system_message
+from turnrl.data.schema import Message, Trajectory
+from turnrl.envs.base import TextEnv
+from turnrl.rollout.policies import Policy, Request
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One planned episode."""
+
+    index: int
+    split: str
+    task_id: str
+    seed: int
+
+    def episode_id(self, env_name: str) -> str:
+        return f"{env_name}-{self.split}-{self.index:06d}"
+
+
+def plan_episodes(env: TextEnv, split: str, episodes: int, seed: int = 0, start: int = 0) -> list[EpisodeSpec]:
+    """``episodes`` episodes cycling over the split's tasks in order."""
+    ids = env.task_ids(split)
+    return [
+        EpisodeSpec(i, split, ids[i % len(ids)], random.Random(f"{seed}/{split}/{i}").randrange(2**31))
+        for i in range(start, start + episodes)
+    ]
+
+
+@dataclass
+class _Slot:
+    env: TextEnv
+    spec: EpisodeSpec | None = None
+    messages: list[Message] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+    turn: int = 0
+
+
+class Sampler:
+    """Runs planned episodes of ``policy`` on ``num_envs`` environments in lock-step."""
+
+    def __init__(
+        self,
+        make_env: Callable[[], TextEnv],
+        policy: Policy,
+        *,
+        env_name: str,
+        num_envs: int = 8,
+        prompt: PromptConfig | None = None,
+        source: str = "policy",
+    ):
+        self.make_env = make_env
+        self.policy = policy
+        self.env_name = env_name
+        self.num_envs = max(1, num_envs)
+        self.prompt = prompt or PromptConfig()
+        self.source = source
+        self._envs: list[TextEnv] = []
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs = []
+
+    def run(
+        self,
+        specs: Iterable[EpisodeSpec],
+        *,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Play every episode of ``specs``; returns trajectories in ``specs`` order."""
+        pending = deque(specs)
+        total = len(pending)
+        while len(self._envs) < min(self.num_envs, total):
+            self._envs.append(self.make_env())
+        slots = [_Slot(env) for env in self._envs[: min(self.num_envs, total)]]
+        done: dict[int, Trajectory] = {}
+        while True:
+            for slot in slots:
+                if slot.spec is None and pending:
+                    self._start(slot, pending.popleft())
+            active = [s for s in slots if s.spec is not None]
+            if not active:
+                break
+            requests = [
+                Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng) for s in active
+            ]
+            replies = self.policy.act(requests)
+            for slot, reply in zip(active, replies, strict=True):
+                traj = self._advance(slot, reply)
+                if traj is not None:
+                    assert slot.spec is not None
+                    done[slot.spec.index] = traj
+                    if on_episode is not None:
+                        on_episode(traj)
+                    slot.spec = None
+        return [done[k] for k in sorted(done)]
+
+    # ----------------------------------------------------------------------------
+    def _start(self, slot: _Slot, spec: EpisodeSpec) -> None:
+        obs, info = slot.env.reset(seed=spec.seed, options={"task_id": spec.task_id, "split": spec.split})
+        slot.spec = spec
+        slot.rng = random.Random(spec.seed)
+        slot.messages = [system_message(slot.env.instruction, self.prompt), Message("user", obs)]
+        slot.rewards = []
+        slot.info = dict(info)
+        slot.turn = 0
+
+    def _advance(self, slot: _Slot, reply: Any) -> Trajectory | None:
+        """Apply one reply; returns the finished trajectory or None."""
+        cfg = self.prompt
+        valid_actions = slot.info.get("valid_actions")
+        parsed = parse_action(reply.content, valid_actions)
+        msg = Message("assistant", reply.content, action=parsed.action, valid=parsed.valid,
+                      token_ids=reply.token_ids, logprobs=reply.logprobs)
+        penalty = 0.0
+        executed: str | None = parsed.action
+        if not parsed.valid:
+            penalty = cfg.invalid_penalty
+            if cfg.invalid_action == "random" and valid_actions:
+                executed = slot.rng.choice(valid_actions)
+                msg.note = f"invalid action {parsed.action!r}; executed random valid action {executed!r}"
+            elif cfg.invalid_action == "error" or (cfg.invalid_action == "random" and executed is None):
+                executed = None
+                msg.note = f"invalid action {parsed.action!r}; returned an error observation"
+            else:  # end
+                executed = None
+                msg.note = f"invalid action {parsed.action!r}; episode ended"
+        msg.action = executed if executed is not None else parsed.action
+        slot.messages.append(msg)
+        slot.turn += 1
+        assert slot.spec is not None
+        env = slot.env
+        terminated = truncated = False
+        if executed is None and not parsed.valid and cfg.invalid_action == "end":
+            slot.rewards.append(penalty)
+            terminated = True
+            obs = "Episode ended: invalid action."
+        elif executed is None:
+            slot.rewards.append(penalty)
+            shown = ", ".join(valid_actions) if valid_actions else "see the instruction"
+            obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}."
+        else:
+            obs, reward, terminated, truncated, info = env.step(executed)
+            if info.get("invalid") and parsed.valid:
+                msg.valid = False
+            slot.rewards.append(float(reward) + penalty)
+            slot.info = dict(info)
+        if not (terminated or truncated) and slot.turn >= env.max_turns:
+            truncated = True
+        if terminated or truncated:
+            return self._finish(slot, obs, terminated, truncated)
+        slot.messages.append(Message("user", obs))
+        return None
+
+    def _finish(self, slot: _Slot, final_obs: str, terminated: bool, truncated: bool) -> Trajectory:
+        assert slot.spec is not None
+        info = slot.info
+        success = bool(info.get("success", info.get("won", False))) and terminated
+        return Trajectory(
+            id=slot.spec.episode_id(self.env_name),
+            env=self.env_name,
+            task_id=slot.spec.task_id,
+            messages=list(slot.messages),
+            rewards=list(slot.rewards),
+            return_=float(sum(slot.rewards)),
+            success=success,
+            terminated=terminated,
+            truncated=truncated,
+            split=slot.spec.split,
+            source=self.source,
+            meta={"policy": self.policy.name, "seed": slot.spec.seed, "index": slot.spec.index,
+                  "final_observation": final_obs, **_outcome(info)},
+        )
+
+
+def _outcome(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: info[k] for k in ("outcome", "won", "score") if k in info}
+
+
+def invalid_rate(trajectories: Sequence[Trajectory]) -> float:
+    turns = [m for t in trajectories for m in t.messages if m.role == "assistant"]
+    return sum(1 for m in turns if m.valid is False) / max(1, len(turns))

@@ -1,0 +1,300 @@
+"""Chat-template-agnostic tokenization of multi-turn conversations (DESIGN 2.3).
+
+A conversation is rendered with the model's own chat template once, with every assistant
+content replaced by a unique sentinel string. The sentinels cut the rendered text into
+pieces: template and observation text (never trained on) and the agent's turns. Each agent
+turn's segment is its content plus the end-of-turn marker that follows it in the rendered
+text, when that marker is a special token (``<|im_end|>``, ``<|eot_id|>``,
+``<end_of_turn>``, ``</s>``...), because the model must learn to emit it to stop. Nothing
+here knows any template's token layout: the template itself says where things are.
+
+Pieces are tokenized one by one, and agent turns that carry the token ids sampled during
+rollout are spliced in as they were sampled, so the tokens trained on are exactly the
+tokens generated (no decode / re-encode drift). The rollout builds its prompts with the
+same function, so the context a model saw when it acted is the context it is trained with.
+
+Truncation policy (``max_length``): a sequence is cut only between agent turns. The
+longest prefix of the conversation that ends right after an agent turn's end-of-turn
+marker and fits in ``max_length`` is kept; later turns are dropped (and reported in
+``Encoded.dropped_turns``). A conversation whose first agent turn does not fit yields
+``None``. An action is never cut in half.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnrl.data.schema import Message
+from turnrl.errors import TurnRLError
+
+#: Used when a tokenizer has no chat template (a base model): plain role-prefixed text.
+FALLBACK_CHAT_TEMPLATE = (
+    "{{ bos_token or '' }}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}Observation: {{ m['content'] }}\n"
+    "{% else %}Agent: {{ m['content'] }}{{ eos_token or '' }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Agent: {% endif %}"
+)
+
+_SENTINEL = "\ue000TURNRL{}\ue001"
+
+
+@dataclass
+class Segment:
+    """A piece of rendered text: ``turn`` is the agent turn it belongs to, -1 for context."""
+
+    text: str
+    turn: int = -1
+    #: index into the messages of the assistant message this segment renders
+    message_index: int = -1
+    #: the end-of-turn marker text at the end of an agent segment ('' if none)
+    eot: str = ""
+
+
+@dataclass
+class Encoded:
+    """One tokenized sequence."""
+
+    input_ids: list[int]
+    action_mask: list[int]
+    turn_index: list[int]
+    #: number of agent turns trained on in this sequence
+    num_turns: int = 0
+    dropped_turns: int = 0
+    #: agent turns whose stored token ids did not decode to their content and were re-encoded
+    reencoded_turns: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _as_dicts(messages: Sequence[Message | dict]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append({"role": m.role, "content": m.content})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+class ChatFormat:
+    """Renders and tokenizes conversations for one tokenizer, whatever its chat template.
+
+    ``stop_token_ids`` are the ids that end an agent turn at generation: the end-of-turn
+    tokens found after assistant contents in the template's own output, plus the
+    tokenizer's (and generation config's) EOS ids.
+    """
+
+    def __init__(self, tokenizer: Any, *, extra_stop_ids: Sequence[int] = ()):
+        self.tokenizer = tokenizer
+        self.template: str | None = None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+        self._specials = sorted(
+            {t for t in _special_token_strings(tokenizer) if t},
+            key=len,
+            reverse=True,
+        )
+        self._fold_system = False
+        self._cache: dict[str, list[int]] = {}
+        eot = self._probe_end_of_turn()
+        #: the end-of-turn marker that follows agent turns in rendered text ('' if none)
+        self.eot_text = eot
+        ids: list[int] = self.tokenize_text(eot.strip()) if eot.strip() else []
+        for tid in _as_list(getattr(tokenizer, "eos_token_id", None)) + list(extra_stop_ids):
+            if tid not in ids:
+                ids.append(tid)
+        self.stop_token_ids = ids
+
+    # ------------------------------------------------------------------ rendering
+    def _apply(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        msgs = messages
+        if self._fold_system:
+            msgs = _fold_system(messages)
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if self.template is not None:
+            kwargs["chat_template"] = self.template
+        try:
+            text = self.tokenizer.apply_chat_template(msgs, **kwargs)
+        except Exception as e:  # templates raise their own errors (e.g. "system role not supported")
+            if not self._fold_system and msgs and msgs[0]["role"] == "system":
+                self._fold_system = True
+                return self._apply(messages, add_generation_prompt)
+            raise TurnRLError(f"the chat template failed to render the conversation: {e}") from None
+        if not isinstance(text, str):  # some versions return a list for batched input
+            text = text[0]
+        return str(text)
+
+    def _probe_end_of_turn(self) -> str:
+        probe = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _SENTINEL.format(0)},
+            {"role": "user", "content": "v"},
+            {"role": "assistant", "content": _SENTINEL.format(1)},
+        ]
+        text = self._apply(probe, add_generation_prompt=False)
+        s0 = _SENTINEL.format(0)
+        if s0 not in text:
+            raise TurnRLError("the chat template does not render assistant contents verbatim; cannot locate agent turns")
+        return self._eot_after(text[text.index(s0) + len(s0) :])
+
+    def _eot_after(self, rest: str) -> str:
+        """The whitespace + special token right after an assistant content, or ''."""
+        stripped = rest.lstrip(" ")
+        lead = rest[: len(rest) - len(stripped)]
+        for tok in self._specials:
+            if stripped.startswith(tok):
+                return lead + tok
+        return ""
+
+    def segments(self, messages: Sequence[Message | dict], *, add_generation_prompt: bool = False) -> list[Segment]:
+        """Cut the rendered conversation into context and agent-turn segments."""
+        dicts = _as_dicts(messages)
+        sentinel_msgs = []
+        assistant_indices: list[int] = []
+        for i, m in enumerate(dicts):
+            if m["role"] == "assistant":
+                sentinel_msgs.append({"role": "assistant", "content": _SENTINEL.format(len(assistant_indices))})
+                assistant_indices.append(i)
+            else:
+                sentinel_msgs.append(m)
+        text = self._apply(sentinel_msgs, add_generation_prompt)
+        segs: list[Segment] = []
+        pos = 0
+        for turn, msg_i in enumerate(assistant_indices):
+            s = _SENTINEL.format(turn)
+            at = text.find(s, pos)
+            if at < 0:
+                raise TurnRLError(f"the chat template dropped assistant turn {turn}; cannot locate agent turns")
+            if at > pos:
+                segs.append(Segment(text[pos:at]))
+            eot = self._eot_after(text[at + len(s) :])
+            segs.append(Segment(dicts[msg_i]["content"] + eot, turn=turn, message_index=msg_i, eot=eot))
+            pos = at + len(s) + len(eot)
+        if pos < len(text):
+            segs.append(Segment(text[pos:]))
+        return segs
+
+    # ----------------------------------------------------------------- tokenizing
+    def tokenize_text(self, text: str) -> list[int]:
+        """Token ids of a piece of text, special-token strings included, nothing added."""
+        cached = self._cache.get(text)
+        if cached is None:
+            cached = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(self._cache) < 100_000:
+                self._cache[text] = cached
+        return list(cached)
+
+    def agent_ids(self, content: str, eot: str, sampled: Sequence[int] | None) -> tuple[list[int], bool]:
+        """Token ids of an agent turn: the sampled ids when they are faithful, else the
+        re-encoded text. Returns ``(ids, reencoded)``."""
+        eot_ids = self.tokenize_text(eot) if eot else []
+        if sampled:
+            ids = list(sampled)
+            body = ids
+            if eot_ids and ids[-len(eot_ids) :] == eot_ids:
+                body = ids[: -len(eot_ids)]
+            elif body and body[-1] in self.stop_token_ids:
+                body = body[:-1]
+            if self.tokenizer.decode(body, skip_special_tokens=False) == content:
+                return body + eot_ids, False
+            return self.tokenize_text(content) + eot_ids, True
+        return self.tokenize_text(content) + eot_ids, False
+
+    def encode(
+        self,
+        messages: Sequence[Message | dict],
+        *,
+        trainable_turns: Sequence[int] | None = None,
+        turn_offset: int = 0,
+        add_generation_prompt: bool = False,
+        max_length: int | None = None,
+    ) -> Encoded | None:
+        """Tokenize a conversation into ``input_ids``, ``action_mask`` and ``turn_index``.
+
+        ``trainable_turns`` (indices among this conversation's assistant messages) limits
+        which agent turns carry the mask (default all); ``turn_offset`` is added to the
+        recorded turn index (for windowed views of longer trajectories). Returns None when
+        even the first trainable turn does not fit in ``max_length``.
+        """
+        segs = self.segments(messages, add_generation_prompt=add_generation_prompt)
+        trainable = None if trainable_turns is None else set(trainable_turns)
+        ids: list[int] = []
+        mask: list[int] = []
+        turns: list[int] = []
+        cut = 0  # length of the longest prefix that ends after a trainable agent turn
+        kept_turns = 0
+        total_trainable = 0
+        reencoded = 0
+        for seg in segs:
+            if seg.turn < 0:
+                piece = self.tokenize_text(seg.text)
+                m, t = 0, -1
+            else:
+                msg = messages[seg.message_index]
+                sampled = msg.token_ids if isinstance(msg, Message) else msg.get("token_ids")
+                content = msg.content if isinstance(msg, Message) else msg["content"]
+                piece, re = self.agent_ids(content, seg.eot, sampled)
+                reencoded += int(re)
+                train = trainable is None or seg.turn in trainable
+                m, t = (1, seg.turn + turn_offset) if train else (0, -1)
+                total_trainable += int(train)
+            ids.extend(piece)
+            mask.extend([m] * len(piece))
+            turns.extend([t] * len(piece))
+            if seg.turn >= 0 and m and (max_length is None or len(ids) <= max_length):
+                cut = len(ids)
+                kept_turns += 1
+        if max_length is not None and len(ids) > max_length:
+            if kept_turns == 0:
+                return None
+            ids, mask, turns = ids[:cut], mask[:cut], turns[:cut]
+        return Encoded(
+            input_ids=ids,
+            action_mask=mask,
+            turn_index=turns,
+            num_turns=kept_turns if max_length is not None else total_trainable,
+            dropped_turns=total_trainable - kept_turns if max_length is not None else 0,
+            reencoded_turns=reencoded,
+        )
+
+    def prompt_ids(self, messages: Sequence[Message | dict]) -> list[int]:
+        """The token ids a model is given to write the next agent turn."""
+        enc = self.encode(messages, add_generation_prompt=True)
+        assert enc is not None
+        return enc.input_ids
+
+
+def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge a leading system message into the first user message (for templates that
+    reject the system role)."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0]["content"], list(messages[1:])
+    for i, m in enumerate(rest):
+        if m["role"] == "user":
+            rest[i] = {"role": "user", "content": f"{system}\n\n{m['content']}"}
+            return rest
+    return [{"role": "user", "content": system}, *rest]
+
+
+def _special_token_strings(tokenizer: Any) -> list[str]:
+    out = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    for tok in decoder.values():
+        if getattr(tok, "special", False):
+            out.add(str(tok.content) if hasattr(tok, "content") else str(tok))
+    return [t for t in out if isinstance(t, str)]
+
+
+def _as_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(v) for v in x]

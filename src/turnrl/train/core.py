@@ -1,0 +1,690 @@
+"""The trainer core: one optimisation loop that every algorithm reuses.
+
+SFT, the preference losses (DPO, DMPO, IPO, SPPO), PPO and the ArCHer actor differ only in
+their :class:`Objective` -- a callable that maps a model and a list of examples to a loss
+*summed* over the examples' units (action tokens, pairs, ...) plus metric sums. Everything
+else lives here: accelerate, LoRA, mixed precision, the data order, exact gradient
+accumulation, the learning-rate schedule, checkpoints, resume, logging and the final save.
+
+Exact accumulation
+------------------
+A *global batch* is ``batch_size x grad_accum x num_processes`` examples (the last global
+batch of an epoch may be smaller; it is kept). For each optimizer step the trainer
+
+1. computes ``U = sum(objective.units(share))`` over the whole global batch, summed across
+   processes, before any forward pass;
+2. runs ``grad_accum`` micro-batches; each contributes ``loss_sum / U`` (times
+   ``num_processes``, because DDP averages gradients across processes) and calls
+   ``backward`` under ``accelerator.no_sync`` on all but the last micro-batch;
+3. clips the gradient norm, steps the optimizer and the scheduler, zeroes the gradients.
+
+So the gradient is that of ``(sum of per-unit losses over the global batch) / U`` whatever
+the split: batch 8 x accum 1 and batch 2 x accum 4 give the same loss curve and weights up
+to float rounding, even with examples of different lengths (averaging per micro-batch,
+as naive accumulation does, would weight short examples more). Logged ``loss`` is the sum
+of the micro-batch losses, i.e. the global per-unit loss; logged metrics are metric sums
+divided by ``U``. accelerate's own ``accumulate()`` is not used.
+
+Data order
+----------
+Epoch ``e`` visits the dataset in the order ``np.random.default_rng([seed, e]).permutation``;
+global batches are consecutive slices of it. Within a global batch, micro-batch ``j`` is
+the slice ``[j*b*P, (j+1)*b*P)`` (``b`` = batch_size, ``P`` = processes) and process ``r``
+takes its every ``P``-th element starting at ``r``. The order depends only on the seed and
+the step, so a resumed run reads exactly the examples an uninterrupted run would.
+
+Checkpoints and resume
+----------------------
+``out_dir/checkpoints/step-NNNNNN`` holds ``accelerator.save_state`` (model, optimizer,
+scheduler, RNG states) and ``trainer_state.json``. It is written to
+``step-NNNNNN.tmp-<pid>`` and renamed into place, so a directory without ``.tmp`` is always
+complete; leftovers are deleted on the next start. ``train(resume=True)`` continues from
+the newest complete checkpoint and ends with the same weights and the same
+``metrics.jsonl`` as an uninterrupted run. ``summary.json`` is written last; its presence
+marks a finished run.
+
+Departures and limits: under fp16 a non-finite gradient norm is the loss scaler's business
+(the step is skipped, as in the HF Trainer); under bf16/fp32 it stops the run. DeepSpeed's
+engine scales the loss by its own accumulation setting; use DDP or FSDP for exact
+accumulation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch.optim.lr_scheduler import LambdaLR
+
+from turnrl.config import Config
+from turnrl.errors import TurnRLError
+
+__all__ = [
+    "LoraSettings",
+    "Objective",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "atomic_write_json",
+    "config_hash",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "set_seed",
+]
+
+CHECKPOINTS = "checkpoints"
+TRAINER_STATE = "trainer_state.json"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+_CKPT_RE = re.compile(r"^step-(\d+)$")
+# Keys of TrainConfig that do not change what is computed; they may differ on resume.
+_HASH_EXEMPT = frozenset({"save_every", "keep_checkpoints", "log_every"})
+
+
+class LoraSettings(Config):
+    """LoRA adapter settings (peft ``LoraConfig``)."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] | str = "all-linear"
+
+
+class TrainConfig(Config):
+    """Optimisation settings shared by every trainer."""
+
+    lr: float = 1e-4
+    batch_size: int = 8
+    """Micro-batch size per process."""
+    grad_accum: int = 1
+    epochs: float = 1.0
+    max_steps: int = 0
+    """Optimizer steps; 0 = ``ceil(epochs x global batches per epoch)``."""
+    seed: int = 0
+    warmup_ratio: float = 0.05
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this; 0 = no clipping (the norm is still logged)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    gradient_checkpointing: bool = False
+    save_every: int = 0
+    """Optimizer steps between checkpoints; 0 = only at the end."""
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    eval_every: int = 0
+    lora: LoraSettings | None = None
+
+
+class Objective(Protocol):
+    """What an algorithm plugs into :class:`Trainer`."""
+
+    def units(self, examples: Sequence[Any]) -> float:
+        """Normaliser of these examples (e.g. their number of action tokens, or of pairs)."""
+        ...
+
+    def __call__(self, model: Any, examples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return (loss summed over the units of ``examples``, metric sums over them)."""
+        ...
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.train` returns."""
+
+    steps: int
+    final_loss: float
+    out_dir: Path
+    model_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+    adapter_dir: Path | None = None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run (``step-N`` holding ``trainer_state.json``), oldest first."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _CKPT_RE.match(d.name)
+        if m and d.is_dir() and (d / TRAINER_STATE).is_file():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run, or ``None``."""
+    ckpts = list_checkpoints(out_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def config_hash(
+    cfg: TrainConfig, run_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+) -> str:
+    """Hash of what determines a run's result: the train config (minus save/log cadence),
+    the caller's run config (model, data, algorithm settings) and ``extra`` facts."""
+    train = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT}
+    blob = json.dumps({"train": train, "run": run_config or {}, **(extra or {})}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class _Schedule:
+    """LR multiplier: linear warm-up to 1 over ``warmup`` steps, then cosine/linear decay
+    towards 0 at ``total`` (or constant). Step ``s`` (0-based) uses ``self(s)``; warm-up
+    starts at ``1/(warmup+1)``, not 0, so no step is wasted."""
+
+    def __init__(self, kind: str, warmup: int, total: int):
+        self.kind, self.warmup, self.total = kind, warmup, total
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        if self.kind == "constant":
+            return 1.0
+        progress = (step - self.warmup) / max(1, self.total - self.warmup)
+        progress = min(max(progress, 0.0), 1.0)
+        if self.kind == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _make_accelerator(mixed_precision: str) -> Accelerator:
+    """An ``Accelerator`` for ``mixed_precision`` (CPU when there is no GPU).
+
+    accelerate keeps one process-wide state; a single process may switch precision between
+    runs (the state is reset), a launched multi-process job may not.
+    """
+    from accelerate.state import AcceleratorState, PartialState
+
+    if AcceleratorState._shared_state:
+        current = str(AcceleratorState().mixed_precision)
+        if current != mixed_precision:
+            if PartialState().num_processes > 1:
+                raise TurnRLError(
+                    f"train.mixed_precision={mixed_precision} differs from the launcher's ({current}); "
+                    "set them to the same value"
+                )
+            AcceleratorState._reset_state()
+    return Accelerator(mixed_precision=mixed_precision, step_scheduler_with_optimizer=False)
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class Trainer:
+    """Runs ``objective`` over ``dataset`` with exact accumulation, checkpoints and resume.
+
+    The model is wrapped with LoRA when ``cfg.lora`` is set, then model, optimizer (AdamW on
+    trainable parameters) and scheduler go through ``accelerator.prepare``. After
+    :meth:`train`, :attr:`unwrapped_model` is the trained model and ``out_dir/model`` holds
+    it in ``save_pretrained`` format (merged under LoRA; the adapter is in ``out_dir/adapter``).
+
+    ``run_config`` is everything besides ``cfg`` that determines the result (model path,
+    data files, algorithm settings); it is hashed so that a resume with a different config
+    is refused, and written to ``summary.json``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cfg: TrainConfig,
+        out_dir: str | Path,
+        dataset: Sequence[Any],
+        objective: Objective,
+        *,
+        tokenizer: Any = None,
+        eval_fn: Callable[[Any, int], dict[str, float]] | None = None,
+        accelerator: Accelerator | None = None,
+        run_config: dict[str, Any] | None = None,
+    ):
+        if len(dataset) == 0:
+            raise TurnRLError("training data is empty: nothing to train on")
+        for name in ("batch_size", "grad_accum"):
+            if getattr(cfg, name) < 1:
+                raise TurnRLError(f"train.{name} must be >= 1 (got {getattr(cfg, name)})")
+        if cfg.max_steps <= 0 and cfg.epochs <= 0:
+            raise TurnRLError(f"train.epochs must be > 0 when train.max_steps is 0 (got {cfg.epochs})")
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.dataset = dataset
+        self.objective = objective
+        self.tokenizer = tokenizer
+        self.eval_fn = eval_fn
+        self.run_config = run_config
+        self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)})
+        self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
+        acc = self.accelerator
+        self.num_processes = acc.num_processes
+        self.global_batch = cfg.batch_size * cfg.grad_accum * self.num_processes
+        self.batches_per_epoch = math.ceil(len(dataset) / self.global_batch)
+        if cfg.max_steps > 0:
+            self.total_steps = cfg.max_steps
+        else:
+            self.total_steps = max(1, math.ceil(round(cfg.epochs * self.batches_per_epoch, 9)))
+
+        set_seed(cfg.seed)  # LoRA init is seeded
+        if cfg.lora is not None and not _is_peft(model):
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    task_type="CAUSAL_LM",
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=cfg.lora.target_modules,
+                ),
+            )
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+                model.config.use_cache = False
+            if _is_peft(model):
+                model.enable_input_require_grads()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise TurnRLError("the model has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        warmup = math.ceil(cfg.warmup_ratio * self.total_steps)
+        scheduler = LambdaLR(optimizer, _Schedule(cfg.lr_schedule, warmup, self.total_steps))
+        self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
+        # Step the raw scheduler: accelerate's wrapper steps it num_processes times a call.
+        self._raw_scheduler: Any = getattr(self.scheduler, "scheduler", self.scheduler)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def unwrapped_model(self) -> Any:
+        """The trained model without accelerate's wrappers (a ``PeftModel`` under LoRA)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    # ------------------------------------------------------------------ data order
+
+    def global_batch_indices(self, step: int) -> list[int]:
+        """Dataset indices of the global batch of optimizer step ``step`` (0-based)."""
+        epoch, pos = divmod(step, self.batches_per_epoch)
+        order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.dataset))
+        return [int(i) for i in order[pos * self.global_batch : (pos + 1) * self.global_batch]]
+
+    def micro_batches(self, indices: Sequence[int]) -> list[list[int]]:
+        """This process's micro-batches of a global batch; every process gets the same
+        number of them (an empty one is possible only in the last, partial batch)."""
+        chunk = self.cfg.batch_size * self.num_processes
+        rank, world = self.accelerator.process_index, self.num_processes
+        n_micro = max(1, math.ceil(len(indices) / chunk))
+        return [list(indices[j * chunk : (j + 1) * chunk][rank::world]) for j in range(n_micro)]
+
+    # ------------------------------------------------------------------ train
+
+    def train(self, resume: bool = False) -> TrainResult:
+        """Train to ``total_steps``; with ``resume``, continue from the newest checkpoint."""
+        acc = self.accelerator
+        ckpt_root = self.out_dir / CHECKPOINTS
+        summary_path = self.out_dir / SUMMARY
+        ckpt = latest_checkpoint(self.out_dir)
+        if not resume and (ckpt is not None or summary_path.exists()):
+            raise TurnRLError(
+                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
+            )
+        start_step, elapsed0 = 0, 0.0
+        state: dict[str, Any] = {}
+        if ckpt is not None:
+            state = json.loads((ckpt / TRAINER_STATE).read_text())
+            if state.get("config_hash") != self.config_hash:
+                raise TurnRLError(
+                    f"{ckpt}: the config changed since this checkpoint was written "
+                    f"(hash {state.get('config_hash')} != {self.config_hash}); "
+                    "resume with the same config or choose another --out"
+                )
+            if int(state.get("num_processes", self.num_processes)) != self.num_processes:
+                raise TurnRLError(
+                    f"{ckpt}: written by {state['num_processes']} processes, this run has "
+                    f"{self.num_processes}; resume with the same number of processes"
+                )
+        acc.wait_for_everyone()
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if ckpt_root.is_dir():
+                for d in ckpt_root.iterdir():
+                    if ".tmp" in d.name:
+                        shutil.rmtree(d, ignore_errors=True)
+            self._truncate_metrics(int(state.get("global_step", 0)))
+        acc.wait_for_everyone()
+        if ckpt is not None:
+            acc.load_state(str(ckpt))
+            start_step = int(state["global_step"])
+            elapsed0 = float(state.get("elapsed", 0.0))
+        else:
+            set_seed(self.cfg.seed)
+        self.history = self._read_metrics()
+        if ckpt is not None and start_step >= self.total_steps and summary_path.exists():
+            summary = json.loads(summary_path.read_text())  # finished run: nothing to do
+            return self._result(summary.get("final_loss", math.nan))
+
+        self.model.train()
+        t0 = time.time() - elapsed0
+        last_loss = math.nan
+        last_ckpt_step = start_step if ckpt is not None else -1
+        writer = self._tensorboard()
+        metrics_file = open(self.out_dir / METRICS, "a") if self.is_main else None
+        try:
+            with self._progress() as progress:
+                task = progress.add_task("train", total=self.total_steps, completed=start_step, loss="-")
+                for step in range(start_step, self.total_steps):
+                    record = self._optimizer_step(step)
+                    last_loss = record["loss"]
+                    done = step + 1
+                    record["time"] = round(time.time() - t0, 3)
+                    evaluated = bool(self.cfg.eval_every) and (
+                        done % self.cfg.eval_every == 0 or done == self.total_steps
+                    )
+                    if evaluated:
+                        record.update(self._evaluate(done))
+                    if evaluated or done % max(1, self.cfg.log_every) == 0 or done == self.total_steps:
+                        self._log(record, metrics_file, writer)
+                    progress.update(task, completed=done, loss=f"{last_loss:.4f}")
+                    if self.cfg.save_every and done % self.cfg.save_every == 0 and done < self.total_steps:
+                        self._save_checkpoint(done, time.time() - t0)
+                        last_ckpt_step = done
+            if last_ckpt_step != self.total_steps:
+                self._save_checkpoint(self.total_steps, time.time() - t0)
+        finally:
+            if metrics_file is not None:
+                metrics_file.close()
+            if writer is not None:
+                writer.close()
+        if math.isnan(last_loss):
+            last_loss = next((h["loss"] for h in reversed(self.history) if "loss" in h), math.nan)
+        self._save_final(last_loss, time.time() - t0)
+        return self._result(last_loss)
+
+    # ------------------------------------------------------------------ one step
+
+    def _optimizer_step(self, step: int) -> dict[str, Any]:
+        """Forward/backward over one global batch, then clip and step. Returns the record."""
+        acc = self.accelerator
+        indices = self.global_batch_indices(step)
+        micros = self.micro_batches(indices)
+        mine = [self.dataset[i] for m in micros for i in m]
+        local_units = float(self.objective.units(mine)) if mine else 0.0
+        units = float(
+            acc.reduce(torch.tensor([local_units], dtype=torch.float64, device=acc.device), "sum").item()
+        )
+        scale = self.num_processes / units if units > 0 else 0.0
+
+        loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+        metric_sums: dict[str, float] = {}
+        for j, micro in enumerate(micros):
+            weight = 1.0
+            if not micro:  # keep DDP's collective calls aligned: a zero-weight dummy
+                micro, weight = [indices[0]], 0.0
+            examples = [self.dataset[i] for i in micro]
+            sync = j == len(micros) - 1
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model):
+                loss, metrics = self.objective(self.model, examples)
+                loss = loss * weight
+                acc.backward(loss * scale)
+            loss_sum += loss.detach().to(torch.float64)
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
+
+        keys = sorted(metric_sums)
+        packed = torch.tensor(
+            [loss_sum.item()] + [metric_sums[k] for k in keys], dtype=torch.float64, device=acc.device
+        )
+        packed = acc.reduce(packed, "sum")
+        denom = units if units > 0 else 1.0
+        loss_value = float(packed[0].item()) / denom
+        grad_norm = float(
+            acc.clip_grad_norm_(
+                self._params, self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+            )
+        )
+        bad_norm = not math.isfinite(grad_norm) and self.cfg.mixed_precision != "fp16"
+        if not math.isfinite(loss_value) or bad_norm:
+            self.optimizer.zero_grad(set_to_none=True)
+            last = latest_checkpoint(self.out_dir)
+            what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+            raise TurnRLError(
+                f"non-finite {what} at step {step + 1}; the last checkpoint "
+                f"({last.name if last else 'none'}) is intact"
+            )
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        if not acc.optimizer_step_was_skipped:
+            self._raw_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        record: dict[str, Any] = {
+            "step": step + 1,
+            "epoch": round((step + 1) / self.batches_per_epoch, 6),
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "units": units,
+        }
+        for k, v in zip(keys, packed[1:].tolist(), strict=True):
+            record[k] = v / denom
+        return record
+
+    # ------------------------------------------------------------------ eval / logging
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Run ``eval_fn`` on the unwrapped model in eval mode, with forked RNG state so that
+        evaluation never changes the training randomness (and resume stays exact)."""
+        if self.eval_fn is None:
+            return {}
+        model = self.unwrapped_model
+        py_state, np_state = random.getstate(), np.random.get_state()
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        was_training = model.training
+        try:
+            with torch.random.fork_rng(devices=devices):
+                model.eval()
+                out = self.eval_fn(model, step) or {}
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            model.train(was_training)
+        return {f"eval/{k}": float(v) for k, v in out.items()}
+
+    def _log(self, record: dict[str, Any], f: Any, writer: Any) -> None:
+        self.history.append(record)
+        if f is not None:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+        if writer is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    writer.add_scalar(k, v, record["step"])
+
+    def _read_metrics(self) -> list[dict[str, Any]]:
+        path = self.out_dir / METRICS
+        rows: list[dict[str, Any]] = []
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    row = json.loads(line)
+                    if isinstance(row, dict):
+                        rows.append(row)
+        return rows
+
+    def _truncate_metrics(self, upto: int) -> None:
+        """Keep only the metrics lines of steps <= ``upto`` (and drop a torn last line)."""
+        path = self.out_dir / METRICS
+        if not path.exists():
+            return
+        kept = [r for r in self._read_metrics() if int(r.get("step", 0)) <= upto]
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, path)
+
+    def _tensorboard(self) -> Any:
+        if not self.is_main or importlib.util.find_spec("tensorboard") is None:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    def _progress(self) -> Any:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        return Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not (self.is_main and console.is_terminal),
+        )
+
+    # ------------------------------------------------------------------ saving
+
+    def _save_checkpoint(self, step: int, elapsed: float) -> None:
+        """Write ``checkpoints/step-N`` atomically (tmp dir + rename), keep the newest few."""
+        acc = self.accelerator
+        root = self.out_dir / CHECKPOINTS
+        name = f"step-{step:06d}"
+        pid = broadcast_object_list([os.getpid()])[0]  # one tmp dir shared by all processes
+        tmp = root / f"{name}.tmp-{pid}"
+        if self.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp))
+        if self.is_main:
+            epoch, position = divmod(step, self.batches_per_epoch)
+            atomic_write_json(
+                tmp / TRAINER_STATE,
+                {
+                    "global_step": step,
+                    "epoch": epoch,
+                    "position": position,
+                    "total_steps": self.total_steps,
+                    "seed": self.cfg.seed,
+                    "config_hash": self.config_hash,
+                    "num_processes": self.num_processes,
+                    "elapsed": elapsed,
+                },
+            )
+        acc.wait_for_everyone()
+        if self.is_main:
+            final = root / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            for old in list_checkpoints(self.out_dir)[: -max(1, self.cfg.keep_checkpoints)]:
+                shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+
+    def _save_final(self, final_loss: float, elapsed: float) -> None:
+        """Save the model (merged under LoRA) and tokenizer, then ``summary.json`` last."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        model = self.unwrapped_model
+        state_dict = acc.get_state_dict(self.model)
+        if self.is_main:
+            model_dir, adapter_dir = self.out_dir / "model", self.out_dir / "adapter"
+            for d in (model_dir, adapter_dir):
+                if d.exists():
+                    shutil.rmtree(d)
+            if _is_peft(model):
+                model.save_pretrained(str(adapter_dir))
+                merged = copy.deepcopy(model).merge_and_unload()
+                merged.save_pretrained(str(model_dir))
+                del merged
+            else:
+                model.save_pretrained(str(model_dir), state_dict=state_dict)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(str(model_dir))
+                if _is_peft(model):
+                    self.tokenizer.save_pretrained(str(adapter_dir))
+            atomic_write_json(
+                self.out_dir / SUMMARY,
+                {
+                    "schema": "turnrl.train_summary/v1",
+                    "steps": self.total_steps,
+                    "final_loss": final_loss,
+                    "model_dir": str(model_dir),
+                    "adapter_dir": str(adapter_dir) if _is_peft(model) else None,
+                    "elapsed_s": round(elapsed, 3),
+                    "config_hash": self.config_hash,
+                    "train_config": self.cfg.model_dump(mode="json"),
+                    "run_config": self.run_config,
+                },
+            )
+        acc.wait_for_everyone()
+
+    def _result(self, final_loss: float) -> TrainResult:
+        peft = _is_peft(self.unwrapped_model)
+        return TrainResult(
+            steps=self.total_steps,
+            final_loss=float(final_loss),
+            out_dir=self.out_dir,
+            model_dir=self.out_dir / "model",
+            history=list(self.history),
+            adapter_dir=self.out_dir / "adapter" if peft else None,
+        )

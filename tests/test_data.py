@@ -1,0 +1,501 @@
+"""Tests of the data files: round trips, crash safety, validation messages, ETO import."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnrl.data import (
+    PAIR_SCHEMA,
+    TRAJECTORY_SCHEMA,
+    JsonlWriter,
+    Message,
+    Pair,
+    Trajectory,
+    convert_eto,
+    import_eto,
+    iter_jsonl,
+    iter_trajectories,
+    pair_from_dict,
+    parse_action,
+    read_pairs,
+    read_records,
+    read_trajectories,
+    summarize,
+    trajectory_from_dict,
+    write_jsonl,
+)
+from turnrl.errors import TurnRLError
+
+
+def make_traj(
+    i: int = 0, *, success: bool = True, env: str = "tictactoe", split: str = "train"
+) -> Trajectory:
+    return Trajectory(
+        id=f"t{i}",
+        env=env,
+        task_id=f"task-{i}",
+        messages=[
+            Message("system", "Play tic-tac-toe. Answer 'Action: N'."),
+            Message("user", "board 1"),
+            Message(
+                "assistant",
+                "Thought: centre.\nAction: 5",
+                action="5",
+                valid=True,
+                token_ids=[7, 8, 9],
+                logprobs=[-0.5, -1.0, 0.0],
+            ),
+            Message("user", "board 2"),
+            Message("assistant", "Action: 1", action="1", valid=False, note="random action 3"),
+        ],
+        rewards=[0.0, 1.0 if success else -1.0],
+        return_=1.0 if success else -1.0,
+        success=success,
+        terminated=True,
+        split=split,
+        source="policy",
+        meta={"seed": i, "nested": {"anything": [1, "x"]}},
+    )
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_trajectory_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "traj.jsonl"  # parent folders are created
+    trajs = [make_traj(i, success=i % 2 == 0) for i in range(3)]
+    with JsonlWriter(path) as out:
+        for t in trajs:
+            out.write(t)
+    assert out.count == 3 and out.closed
+    assert read_trajectories(path) == trajs
+    assert list(iter_trajectories(path)) == trajs
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first["schema"] == TRAJECTORY_SCHEMA and first["return"] == 1.0 and first["num_turns"] == 2
+
+
+def test_writer_accepts_dicts_and_truncates_without_append(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with JsonlWriter(path) as out:
+        out.write(make_traj(0).to_dict())
+    with JsonlWriter(path, append=False, durable=True) as out:
+        out.write(make_traj(1))
+    assert [t.id for t in read_trajectories(path)] == ["t1"]
+    with pytest.raises(ValueError, match="not open"):
+        out.write(make_traj(2))
+
+
+def test_writer_flushes_each_record(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with JsonlWriter(path) as out:
+        out.write(make_traj(0))
+        assert [t.id for t in read_trajectories(path)] == ["t0"]  # visible before close
+
+
+def test_writer_rejects_non_finite_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    bad = make_traj(0)
+    bad.return_ = float("nan")
+    with JsonlWriter(path) as out, pytest.raises(ValueError, match="non-finite"):
+        out.write(bad)
+    assert path.read_bytes() == b""
+
+
+def test_pairs_round_trip_and_mixed_records(tmp_path: Path) -> None:
+    pair = Pair(
+        task_id="task-0", chosen=make_traj(0), rejected=make_traj(1, success=False), meta={"kind": "eto"}
+    )
+    path = tmp_path / "pairs.jsonl"
+    assert write_jsonl(path, [pair, pair]) == 2
+    assert read_pairs(path) == [pair, pair]
+    assert json.loads(path.read_text().splitlines()[0])["schema"] == PAIR_SCHEMA
+
+    mixed = tmp_path / "mixed.jsonl"
+    with JsonlWriter(mixed) as out:
+        out.write(make_traj(0))
+        out.write(pair)
+    records = read_records(mixed)
+    assert isinstance(records[0], Trajectory) and isinstance(records[1], Pair)
+    with pytest.raises(TurnRLError, match=r"mixed\.jsonl:2: expected a 'turnrl\.trajectory/v1' record"):
+        read_trajectories(mixed)
+
+
+def test_defaults_for_optional_keys() -> None:
+    t = trajectory_from_dict(
+        {
+            "schema": TRAJECTORY_SCHEMA,
+            "id": "x",
+            "env": "e",
+            "task_id": "1",
+            "messages": [{"role": "assistant", "content": "a"}],
+            "rewards": [0.5],
+        }
+    )
+    assert t.return_ == 0.5 and t.split == "train" and t.source == "policy" and not t.success
+    assert t.messages[0].action is None and t.meta == {}
+
+
+def test_iter_jsonl_skips_blank_lines(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "x.jsonl", ['{"a": 1}', "", "   ", '{"b": 2}'])
+    assert list(iter_jsonl(path)) == [(1, {"a": 1}), (4, {"b": 2})]
+
+
+# --------------------------------------------------------------------------- crash safety
+
+
+def test_append_after_crash_drops_partial_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with JsonlWriter(path) as out:
+        out.write(make_traj(0))
+        out.write(make_traj(1))
+    partial = json.dumps(make_traj(2).to_dict())[:57]  # the writer died mid-line
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(partial)
+    with pytest.raises(TurnRLError, match=r"t\.jsonl:3: invalid JSON: .*last line is incomplete"):
+        read_trajectories(path)
+
+    with JsonlWriter(path) as out:
+        assert out.dropped_bytes == len(partial.encode())
+        out.write(make_traj(3))
+    assert [t.id for t in read_trajectories(path)] == ["t0", "t1", "t3"]
+
+
+def test_append_keeps_complete_last_line_without_newline(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(make_traj(0).to_dict()))  # hand-written, no final newline
+    with JsonlWriter(path) as out:
+        assert out.dropped_bytes == 0
+        out.write(make_traj(1))
+    assert [t.id for t in read_trajectories(path)] == ["t0", "t1"]
+
+
+def test_append_when_only_line_is_partial(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"schema": "turnrl.traj')
+    with JsonlWriter(path) as out:
+        assert out.dropped_bytes == len('{"schema": "turnrl.traj')
+        out.write(make_traj(0))
+    assert [t.id for t in read_trajectories(path)] == ["t0"]
+
+
+class Exploding:
+    def to_dict(self) -> dict[str, Any]:
+        raise RuntimeError("boom")
+
+
+def test_write_jsonl_is_atomic(tmp_path: Path) -> None:
+    target = tmp_path / "pairs.jsonl"
+    with pytest.raises(RuntimeError, match="boom"):
+        write_jsonl(target, [make_traj(0), Exploding(), make_traj(1)])
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+    write_jsonl(target, [make_traj(0)])
+    with pytest.raises(RuntimeError):
+        write_jsonl(target, [make_traj(5), Exploding()])
+    assert [t.id for t in read_trajectories(target)] == ["t0"]  # old content untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def good() -> dict[str, Any]:
+    return make_traj(0).to_dict()
+
+
+def with_changes(**changes: Any) -> dict[str, Any]:
+    d = good()
+    for key, value in changes.items():
+        if value is ...:
+            del d[key]
+        else:
+            d[key] = value
+    return d
+
+
+def with_message(i: int, **changes: Any) -> dict[str, Any]:
+    d = good()
+    for key, value in changes.items():
+        if value is ...:
+            del d["messages"][i][key]
+        else:
+            d["messages"][i][key] = value
+    return d
+
+
+BAD_LINES: list[tuple[str, str, str]] = [
+    ("bad json", '{"schema": "turnrl.trajectory/v1", "id": }', "invalid JSON: Expecting value (column 42)"),
+    ("not an object", "[1, 2]", "expected a JSON object, got list [1, 2]"),
+    ("missing task_id", json.dumps(with_changes(task_id=...)), "missing key 'task_id'"),
+    ("missing schema", json.dumps(with_changes(schema=...)), "missing key 'schema'"),
+    ("unknown schema", json.dumps(with_changes(schema="x")), "unknown schema 'x'"),
+    ("unknown key", json.dumps(with_changes(tsk_id="1")), "unknown key 'tsk_id' (did you mean 'task_id'?)"),
+    (
+        "wrong role",
+        json.dumps(with_message(3, role="bot")),
+        "messages[3].role must be one of system, user, assistant (got 'bot')",
+    ),
+    ("unknown message key", json.dumps(with_message(1, text="x")), "unknown key 'messages[1].text'"),
+    ("missing content", json.dumps(with_message(1, content=...)), "missing key 'messages[1].content'"),
+    (
+        "action on user",
+        json.dumps(with_message(1, action="5")),
+        "messages[1].action is only allowed on assistant messages",
+    ),
+    (
+        "bad token_ids",
+        json.dumps(with_message(2, token_ids=[1, "2", 3])),
+        "messages[2].token_ids must be a list of integers (item 1 is '2')",
+    ),
+    (
+        "float token_ids",
+        json.dumps(with_message(2, token_ids=[1.5, 2, 3])),
+        "messages[2].token_ids must be a list of integers",
+    ),
+    (
+        "logprobs length",
+        json.dumps(with_message(2, logprobs=[-1.0])),
+        "messages[2].logprobs has 1 entries but token_ids has 3",
+    ),
+    (
+        "logprobs not numbers",
+        json.dumps(with_message(2, logprobs=["a", 0, 0])),
+        "messages[2].logprobs must be a list of numbers",
+    ),
+    (
+        "bad valid",
+        json.dumps(with_message(4, valid="yes")),
+        "'messages[4].valid' must be true, false or null",
+    ),
+    ("rewards not numbers", json.dumps(with_changes(rewards=[0, "1"])), "rewards must be a list of numbers"),
+    ("rewards not a list", json.dumps(with_changes(rewards=1.0)), "rewards must be a list of numbers"),
+    ("rewards length", json.dumps(with_changes(rewards=[1.0])), "rewards has 1 entries but there are 2"),
+    ("return not a number", json.dumps(with_changes(**{"return": "1"})), "'return' is not a number"),
+    (
+        "return nan",
+        json.dumps(with_changes(**{"return": float("nan")})),
+        "'return' is not a number (got nan)",
+    ),
+    ("num_turns", json.dumps(with_changes(num_turns=3)), "num_turns is 3 but there are 2 assistant messages"),
+    ("success not bool", json.dumps(with_changes(success=1)), "'success' must be true or false (got 1)"),
+    ("task_id not str", json.dumps(with_changes(task_id=3)), "'task_id' must be a string (got 3)"),
+    ("bad source", json.dumps(with_changes(source="human")), "source must be one of expert, policy, import"),
+    ("messages not a list", json.dumps(with_changes(messages="hi")), "messages must be a list of messages"),
+    ("meta not object", json.dumps(with_changes(meta=[1])), "meta must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), [c[1:] for c in BAD_LINES], ids=[c[0] for c in BAD_LINES])
+def test_validation_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = write_lines(tmp_path / "x.jsonl", [json.dumps(good()), "", line])
+    with pytest.raises(TurnRLError) as err:
+        read_trajectories(path)
+    assert str(err.value).startswith(f"{path}:3: "), str(err.value)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_schema_in_mixed_reader(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "x.jsonl", [json.dumps(with_changes(schema="turnrl.trajectory/v2"))])
+    with pytest.raises(TurnRLError, match=r"x\.jsonl:1: unknown schema 'turnrl\.trajectory/v2'.*choose from"):
+        read_records(path)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(TurnRLError, match=r"nope\.jsonl: no such file"):
+        read_trajectories(tmp_path / "nope.jsonl")
+    with pytest.raises(TurnRLError, match="is a directory"):
+        read_trajectories(tmp_path)
+
+
+def test_invalid_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(json.dumps(good()).encode() + b"\n" + b'{"a": "\xff"}\n')
+    with pytest.raises(TurnRLError, match=r"x\.jsonl:2: invalid JSON: not UTF-8"):
+        read_trajectories(path)
+
+
+def test_pair_errors_name_the_side() -> None:
+    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    pair["rejected"]["messages"][3]["role"] = "bot"
+    with pytest.raises(TurnRLError, match=r"^p\.jsonl:4: rejected\.messages\[3\]\.role must be one of"):
+        pair_from_dict(pair, "p.jsonl:4")
+    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    del pair["chosen"]["env"]
+    with pytest.raises(TurnRLError, match=r"missing key 'chosen\.env'"):
+        pair_from_dict(pair, "p.jsonl:4")
+    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    pair["chosen"]["shema"] = TRAJECTORY_SCHEMA
+    with pytest.raises(TurnRLError, match=r"unknown key 'chosen\.shema' \(did you mean 'schema'\?\)"):
+        pair_from_dict(pair, "p.jsonl:4")
+    del pair["chosen"]["shema"], pair["chosen"]["schema"]  # nested schema tags are optional
+    assert pair_from_dict(pair, "p.jsonl:4").chosen == make_traj(0)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def test_summarize(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    with JsonlWriter(path) as out:
+        out.write(make_traj(0, success=True, env="tictactoe"))
+        out.write(make_traj(1, success=False, env="tictactoe", split="seen"))
+        out.write(make_traj(2, success=True, env="bandit"))
+        out.write(Pair(task_id="t", chosen=make_traj(0), rejected=make_traj(1, success=False)))
+    s = summarize(path)
+    assert s["trajectories"] == 3 and s["pairs"] == 1 and s["records"] == 4
+    assert s["by_env"] == {"bandit": 1, "tictactoe": 2}
+    assert s["by_split"] == {"seen": 1, "train": 2}
+    assert s["by_source"] == {"policy": 3}
+    assert s["success_rate"] == pytest.approx(2 / 3)
+    assert s["avg_return"] == pytest.approx(1 / 3)
+    assert s["avg_turns"] == 2.0
+    assert s["pairs_by_env"] == {"tictactoe": 1} and s["avg_return_margin"] == 2.0
+    json.dumps(s)  # JSON-ready
+
+
+def test_summarize_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    s = summarize(path)
+    assert s["records"] == 0 and s["success_rate"] is None and s["avg_return"] is None
+
+
+# --------------------------------------------------------------------------- ETO import
+
+INSTRUCTION = (
+    "You are web shopping.\nYour response should use the following format:\nThought: ...\nAction: ..."
+)
+ETO_ITEMS: list[dict[str, Any]] = [
+    {
+        "id": 0,
+        "conversations": [
+            {"from": "human", "value": INSTRUCTION},
+            {"from": "gpt", "value": "OK"},
+            {"from": "human", "value": "Observation:\nWebShop [SEP] Instruction: buy a red mug"},
+            {"from": "gpt", "value": "Thought: I should search.\nAction: search[red mug]"},
+            {"from": "human", "value": "Observation:\n[Back to Search] ... B01 ..."},
+            {"from": "gpt", "value": "Thought: Action: is a word here.\nAction:  click[B01] \n"},
+        ],
+        "reward": 1.0,
+    },
+    {
+        "id": "pick_and_place-12",
+        "conversations": [
+            {"from": "human", "value": INSTRUCTION},
+            {"from": "gpt", "value": "OK"},
+            {"from": "human", "value": "You are in a room."},
+            {"from": "gpt", "value": "Thought: look.\nAction: look"},
+        ],
+        "reward": 0.5,
+        "game_file": "json_2.1.1/train/pick_and_place-12/game.tw-pddl",
+    },
+    {"id": 7, "conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hi"}]},
+]
+
+
+def check_eto(trajs: list[Trajectory]) -> None:
+    assert len(trajs) == 3
+    t0, t1, t2 = trajs
+    assert t0.task_id == "0" and t0.env == "webshop" and t0.source == "import"
+    assert [m.role for m in t0.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert t0.messages[0].content == INSTRUCTION
+    assert t0.actions == [None, "search[red mug]", "click[B01]"]  # "OK" has no action
+    assert t0.num_turns == 3 and t0.rewards == []
+    assert t0.return_ == 1.0 and t0.success
+    assert t1.task_id == "pick_and_place-12" and t1.return_ == 0.5 and not t1.success
+    assert t1.meta["game_file"].endswith("game.tw-pddl") and t1.meta["eto_index"] == 1
+    assert [m.role for m in t2.messages] == ["system", "user"]
+    assert t2.return_ == 0.0 and not t2.success and t2.meta["reward_missing"] is True
+    assert len({t.id for t in trajs}) == 3
+
+
+def test_eto_import_json_list(tmp_path: Path) -> None:
+    path = tmp_path / "webshop_sft.json"
+    path.write_text(json.dumps(ETO_ITEMS, indent=4))
+    trajs = import_eto(path, env="webshop")
+    check_eto(trajs)
+    assert trajs[0].id == "webshop_sft-0"
+
+
+def test_eto_import_jsonl_and_convert(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "eto.jsonl", [json.dumps(item) for item in ETO_ITEMS])
+    check_eto(import_eto(path, env="webshop"))
+
+    out = tmp_path / "out" / "trajectories.jsonl"
+    assert convert_eto(path, out, env="webshop", source="expert", default_reward=1.0) == 3
+    back = read_trajectories(out)
+    assert [t.source for t in back] == ["expert"] * 3
+    assert back[2].success and back[2].return_ == 1.0 and "reward_missing" not in back[2].meta
+
+
+def test_eto_import_single_exploration_output(tmp_path: Path) -> None:
+    path = tmp_path / "42.json"  # ETO's outputs/<run>/<task>/<id>.json: no "id", reward in meta
+    path.write_text(
+        json.dumps({"meta": {"reward": True}, "conversations": ETO_ITEMS[1]["conversations"]}, indent=2)
+    )
+    (t,) = import_eto(path, env="alfworld")
+    assert t.task_id == "42" and t.return_ == 1.0 and t.success
+
+
+def test_parse_action() -> None:
+    assert parse_action("Thought: x\nAction: go north") == "go north"
+    assert parse_action("no action here") is None
+    assert parse_action("Action:") == ""
+
+
+ETO_BAD: list[tuple[str, Any, str]] = [
+    ("missing id", {"conversations": []}, "missing key 'id'"),
+    ("missing conversations", {"id": 1}, "missing key 'conversations'"),
+    (
+        "bad from",
+        {"id": 1, "conversations": [{"from": "bot", "value": "x"}]},
+        "conversations[0].from must be one of human, gpt, system (got 'bot')",
+    ),
+    ("missing value", {"id": 1, "conversations": [{"from": "gpt"}]}, "missing key 'conversations[0].value'"),
+    (
+        "value not str",
+        {"id": 1, "conversations": [{"from": "gpt", "value": 3}]},
+        "'conversations[0].value' must be a string (got 3)",
+    ),
+    ("bad reward", {"id": 1, "conversations": [], "reward": "high"}, "'reward' is not a number (got 'high')"),
+    ("bad id", {"id": [1], "conversations": []}, "'id' must be a string or an integer"),
+    ("not an object", [1], "expected a JSON object, got list"),
+]
+
+
+@pytest.mark.parametrize(("item", "message"), [c[1:] for c in ETO_BAD], ids=[c[0] for c in ETO_BAD])
+def test_eto_errors(tmp_path: Path, item: Any, message: str) -> None:
+    as_list = tmp_path / "eto.json"
+    as_list.write_text(json.dumps([ETO_ITEMS[0], item], indent=2))
+    with pytest.raises(TurnRLError) as err:
+        import_eto(as_list)
+    assert str(err.value).startswith(f"{as_list}: item 1: {message}")
+
+    as_lines = write_lines(tmp_path / "eto.jsonl", [json.dumps(ETO_ITEMS[0]), json.dumps(item)])
+    with pytest.raises(TurnRLError) as err:
+        import_eto(as_lines)
+    assert str(err.value).startswith(f"{as_lines}:2: {message}")
+
+
+def test_eto_invalid_json_and_no_partial_output(tmp_path: Path) -> None:
+    bad = tmp_path / "eto.json"
+    bad.write_text('[{"id": 1, "conversations": []},\n {"id": 2 "conversations": []}]')
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(TurnRLError, match=r"eto\.json:2: invalid JSON: Expecting ',' delimiter"):
+        convert_eto(bad, out)
+    assert not out.exists()
+    with pytest.raises(TurnRLError, match=r"missing\.json: no such file"):
+        import_eto(tmp_path / "missing.json")
+    with pytest.raises(TurnRLError, match="source must be one of"):
+        import_eto(bad, source="human")

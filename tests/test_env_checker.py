@@ -1,0 +1,126 @@
+"""``check_env`` passes on every registered env and catches broken ones."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import turnrl.envs
+from turnrl.envs.base import ExpertStep, TextEnv
+from turnrl.envs.checker import CheckFailed, assert_env, check_env
+from turnrl.errors import TurnRLError
+
+
+@pytest.mark.parametrize("name", turnrl.envs.names())
+def test_registered_envs_pass(name: str) -> None:
+    assert check_env(name) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"opponent": "minimax", "agent_first": False},
+        {"opponent": "noisy", "noise": 1.0, "show_legal_moves": False},
+    ],
+)
+def test_tictactoe_variants_pass(kwargs: dict) -> None:
+    assert check_env("tictactoe", episodes=5, seed=11, **kwargs) == []
+
+
+class Counter(TextEnv):
+    """A well-behaved toy: count up to ``target`` with actions "+1"; broken by flags."""
+
+    name = "counter"
+    max_turns = 10
+
+    def __init__(self, **flags: bool) -> None:
+        self.flags = flags
+        self.n = 0
+        self.target = 3
+        self.task = "c3"
+        self.calls = self.turns = 0
+
+    @property
+    def instruction(self) -> str:
+        return "" if self.flags.get("no_instruction") else "Count to the target. Action: +1"
+
+    def task_ids(self, split: str) -> list[str]:
+        if self.flags.get("overlap"):
+            return ["c3", "c4"]
+        return {"train": ["c3", "c4"], "seen": ["c5"], "unseen": ["c9"]}[split]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        self.calls += 1
+        self.n = self.turns = 0
+        self.task = (options or {}).get("task_id", f"c{3 + (seed or 0) % 2}")
+        self.target = int(self.task[1:])
+        if self.flags.get("nondeterministic"):
+            self.target += self.calls
+        return f"at {self.n}, target {self.target}", {"task_id": self.task, "valid_actions": ["+1", "+0"]}
+
+    def step(self, action: str) -> Any:
+        if self.flags.get("raises"):
+            raise ValueError("boom")
+        self.turns += 1
+        if action == "+1":
+            self.n += 1
+        if self.flags.get("never_ends"):
+            self.n = 0
+        done = self.n >= self.target
+        truncated = not done and self.turns >= self.max_turns and not self.flags.get("never_ends")
+        info: dict[str, Any] = {"task_id": self.task, "valid_actions": [] if done else ["+1", "+0"]}
+        if (done or truncated) and not self.flags.get("no_success"):
+            info["success"] = done
+        if self.flags.get("four_tuple"):
+            return f"at {self.n}", 1.0 if done else 0.0, done, info
+        if self.flags.get("bad_types"):
+            return f"at {self.n}", "1", int(done), False, info
+        return f"at {self.n}", 1.0 if done else 0.0, done, truncated, info
+
+    def expert(self, rng: random.Random) -> ExpertStep:
+        if self.flags.get("bad_expert"):
+            return ExpertStep(action="jump", thought="")
+        return ExpertStep(action="+1", thought="One more.")
+
+
+def test_toy_env_passes() -> None:
+    assert check_env(Counter()) == []
+    assert_env(Counter())
+
+
+@pytest.mark.parametrize(
+    ("flag", "needle"),
+    [
+        ("no_instruction", "instruction must be a non-empty str"),
+        ("overlap", "train and seen share"),
+        ("nondeterministic", "not deterministic"),
+        ("raises", "step raised ValueError: boom"),
+        ("never_ends", "did not end within max_turns"),
+        ("no_success", "neither 'won' nor 'success'"),
+        ("four_tuple", "step must return (obs, reward, terminated, truncated, info)"),
+        ("bad_types", "reward must be a number"),
+        ("bad_expert", "not among valid_actions"),
+    ],
+)
+def test_broken_envs_are_reported(flag: str, needle: str) -> None:
+    problems = check_env(Counter(**{flag: True}))
+    assert any(needle in p for p in problems), problems
+    assert all("\n" not in p for p in problems)
+    with pytest.raises(CheckFailed) as e:
+        assert_env(Counter(**{flag: True}))
+    assert e.value.problems == problems and "\n" not in str(e.value)
+
+
+def test_bad_types_are_all_named() -> None:
+    problems = check_env(Counter(bad_types=True))
+    assert any("terminated must be a bool" in p for p in problems)
+
+
+def test_by_name_errors() -> None:
+    assert check_env("no-such-env") == [
+        "make raised TurnRLError: unknown env 'no-such-env'; choose from: " + ", ".join(turnrl.envs.names())
+    ]
+    with pytest.raises(TurnRLError, match="by name"):
+        check_env(Counter(), opponent="random")

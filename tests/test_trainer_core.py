@@ -1,0 +1,268 @@
+"""Trainer core: exact accumulation, kill-and-resume, non-finite stops, run-dir guards,
+LoRA, and the learning-rate schedule. A 2-layer Llama with a 64-token vocabulary and a
+next-token NLL objective over random token lists keep every test fast on a CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from turnrl.errors import TurnRLError
+from turnrl.train import LoraSettings, TrainConfig, Trainer, latest_checkpoint
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def build_model(seed: int = 0, dropout: float = 0.0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        attention_dropout=dropout,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def make_data(n: int = 40, seed: int = 1) -> list[list[int]]:
+    """Token lists of lengths 3..20, so examples carry very different numbers of units."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 21, (n,), generator=g).tolist()
+    return [torch.randint(1, 64, (length,), generator=g).tolist() for length in lengths]
+
+
+class NLL:
+    """Next-token NLL summed over predicted tokens; units = number of predicted tokens."""
+
+    def units(self, examples: Sequence[list[int]]) -> float:
+        return float(sum(len(x) - 1 for x in examples))
+
+    def __call__(self, model: Any, examples: Sequence[list[int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        width = max(len(x) for x in examples)
+        ids = torch.zeros(len(examples), width, dtype=torch.long)
+        mask = torch.zeros(len(examples), width, dtype=torch.long)
+        for i, x in enumerate(examples):
+            ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(x)] = 1
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        target_mask = mask[:, 1:].float()
+        nll = -(logp * target_mask).sum()
+        correct = ((logits[:, :-1].argmax(-1) == ids[:, 1:]).float() * target_mask).sum()
+        return nll, {"correct": float(correct)}
+
+
+def base_cfg(**kw: Any) -> TrainConfig:
+    defaults: dict[str, Any] = dict(lr=1e-2, batch_size=4, warmup_ratio=0.0, max_grad_norm=1.0, seed=3)
+    defaults.update(kw)
+    return TrainConfig(**defaults)
+
+
+def run(tmp: Path, cfg: TrainConfig, objective: Any = None, **kw: Any) -> tuple[Trainer, Any]:
+    resume = kw.pop("resume", False)
+    trainer = Trainer(
+        build_model(kw.pop("dropout", 0.0)), cfg, tmp, make_data(kw.pop("n", 40)), objective or NLL(), **kw
+    )
+    return trainer, trainer.train(resume=resume)
+
+
+def read_metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "model" / "model.safetensors"))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_accumulation_is_exact(tmp_path: Path) -> None:
+    """8 x 1 and 2 x 4 (and 4 x 2) see the same global batches and give the same curve,
+    including each epoch's partial last batch (36 examples, global batch 8)."""
+    results = {}
+    for bs, accum in [(8, 1), (2, 4), (4, 2)]:
+        cfg = base_cfg(batch_size=bs, grad_accum=accum, epochs=2.0)
+        trainer, res = run(tmp_path / f"{bs}x{accum}", cfg, n=36)
+        assert res.steps == 10 and trainer.batches_per_epoch == 5
+        results[(bs, accum)] = (res, final_weights(res.out_dir))
+    ref, ref_w = results[(8, 1)]
+    assert [h["units"] for h in ref.history][4] == sum(len(x) - 1 for x in make_data(36)) - sum(
+        h["units"] for h in ref.history[:4]
+    )
+    for key in [(2, 4), (4, 2)]:
+        res, w = results[key]
+        assert [h["step"] for h in res.history] == list(range(1, 11))
+        for a, b in zip(ref.history, res.history, strict=True):
+            assert a["units"] == b["units"]
+            assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], abs=1e-5)
+            assert a["correct"] == pytest.approx(b["correct"], abs=1e-6)
+        assert_same_weights(ref_w, w)
+    assert ref.history[-1]["loss"] < ref.history[0]["loss"]
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_trainer_core import NLL, base_cfg, build_model, make_data
+from turnrl.train import Trainer
+
+kill_at = int(os.environ.get("TURNRL_TEST_KILL_AT", "0"))
+
+def eval_fn(model, step):
+    if step == kill_at:  # after step's optimizer update, before its log line and checkpoint
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {{"step_seen": float(step)}}
+
+cfg = base_cfg(save_every=2, eval_every=1, epochs=1.0, lora=None)
+model = build_model(dropout=0.2)  # dropout: resume must restore the RNG states too
+Trainer(model, cfg, sys.argv[1], make_data(), NLL(), eval_fn=eval_fn).train(resume=True)
+"""
+
+
+def kill_eval(model: Any, step: int) -> dict[str, float]:
+    return {"step_seen": float(step)}
+
+
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    script = tmp_path / "train_script.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT.format(tests=str(TESTS_DIR))))
+    out = tmp_path / "killed"
+    env = {**os.environ, "TURNRL_TEST_KILL_AT": "6", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None and ckpt.name == "step-000004"
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5]
+    assert not (out / "summary.json").exists() and not (out / "model").exists()
+    leftover = out / "checkpoints" / "step-000006.tmp-12345"
+    leftover.mkdir()
+    (leftover / "junk").write_text("half-written")
+
+    env["TURNRL_TEST_KILL_AT"] = "0"
+    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not leftover.exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000008", "step-000010"]
+
+    ref_out = tmp_path / "uninterrupted"
+    ref_cfg = base_cfg(save_every=2, eval_every=1, epochs=1.0)
+    Trainer(build_model(dropout=0.2), ref_cfg, ref_out, make_data(), NLL(), eval_fn=kill_eval).train()
+    got, want = read_metrics(out), read_metrics(ref_out)
+    assert [r["step"] for r in got] == list(range(1, 11))  # no duplicates, no gaps
+    for a, b in zip(got, want, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+        assert a["eval/step_seen"] == b["eval/step_seen"] == a["step"]
+    assert_same_weights(final_weights(out), final_weights(ref_out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 10 and summary["final_loss"] == pytest.approx(got[-1]["loss"], abs=1e-5)
+
+
+class NaNAt(NLL):
+    """NLL that turns non-finite on its ``at``-th call."""
+
+    def __init__(self, at: int):
+        self.at, self.calls = at, 0
+
+    def __call__(self, model: Any, examples: Sequence[list[int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        self.calls += 1
+        loss, metrics = super().__call__(model, examples)
+        return (loss * float("nan") if self.calls == self.at else loss), metrics
+
+
+def test_non_finite_loss_stops_before_the_step(tmp_path: Path) -> None:
+    cfg = base_cfg(save_every=2, max_steps=6)
+    with pytest.raises(
+        TurnRLError, match=r"non-finite loss at step 4; the last checkpoint \(step-000002\) is intact"
+    ):
+        run(tmp_path, cfg, NaNAt(4))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "model").exists()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    # the checkpoint is loadable: resuming finishes the run
+    _, res = run(tmp_path, cfg, resume=True)
+    assert res.steps == 6 and math.isfinite(res.final_loss)
+    assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
+
+    with pytest.raises(TurnRLError, match=r"step 1; the last checkpoint \(none\)"):
+        run(tmp_path / "fresh", cfg, NaNAt(1))
+
+
+def test_run_dir_guards(tmp_path: Path) -> None:
+    cfg = base_cfg(max_steps=3)
+    _, res = run(tmp_path, cfg)
+    assert (tmp_path / "summary.json").is_file() and res.steps == 3
+    with pytest.raises(TurnRLError, match="already holds a run; pass --resume"):
+        run(tmp_path, cfg)
+    with pytest.raises(TurnRLError, match="config changed"):
+        run(tmp_path, base_cfg(max_steps=3, lr=5e-3), resume=True)
+    # resuming a finished run with the same config does nothing and reports the same result
+    mtime = (tmp_path / "summary.json").stat().st_mtime_ns
+    _, again = run(tmp_path, base_cfg(max_steps=3, save_every=7), resume=True)
+    assert again.final_loss == pytest.approx(res.final_loss)
+    assert (tmp_path / "summary.json").stat().st_mtime_ns == mtime
+    # resume with nothing to resume from starts fresh
+    _, fresh = run(tmp_path / "new", cfg, resume=True)
+    assert fresh.steps == 3
+
+
+def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
+    cfg = base_cfg(max_steps=4, lora=LoraSettings(r=4, alpha=8, dropout=0.05))
+    original = {k: v.clone() for k, v in build_model().state_dict().items()}
+    trainer, res = run(tmp_path, cfg)
+    peft_model = trainer.unwrapped_model
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    base = peft_model.get_base_model()
+    q = base.model.layers[0].self_attn.q_proj
+    torch.testing.assert_close(q.base_layer.weight, original["model.layers.0.self_attn.q_proj.weight"])
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert res.adapter_dir == tmp_path / "adapter"
+
+    merged = AutoModelForCausalLM.from_pretrained(str(res.model_dir))
+    assert not any("lora" in k for k in merged.state_dict())
+    assert not torch.allclose(
+        merged.model.layers[0].self_attn.q_proj.weight, original["model.layers.0.self_attn.q_proj.weight"]
+    )
+    ids = torch.tensor([make_data(1)[0]])
+    peft_model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            merged(input_ids=ids).logits, peft_model(input_ids=ids).logits, atol=1e-5, rtol=0
+        )
+
+
+def test_lr_warmup_then_cosine(tmp_path: Path) -> None:
+    lr, total, warmup = 1e-3, 10, 2
+    _, res = run(tmp_path, base_cfg(lr=lr, max_steps=total, warmup_ratio=0.2))
+    lrs = [r["lr"] for r in read_metrics(tmp_path)]
+    want = [lr * (s + 1) / (warmup + 1) for s in range(warmup)]
+    want += [
+        lr * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))) for s in range(warmup, total)
+    ]
+    assert lrs == pytest.approx(want, rel=1e-9)
+    assert lrs[0] < lrs[1] < lrs[2] == pytest.approx(lr)
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:], strict=False))
+    row = read_metrics(tmp_path)[0]
+    assert {"step", "epoch", "loss", "lr", "grad_norm", "units", "correct", "time"} <= row.keys()
