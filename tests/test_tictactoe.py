@@ -263,10 +263,10 @@ def test_reset_is_deterministic() -> None:
 def test_observation_format() -> None:
     env = TicTacToe(show_legal_moves=True)
     obs, _ = env.reset(options={"task_id": "ttt-o40-s0"})
-    assert obs == "Board:\nO . .\n. X .\n. . .\nYou play X. Legal moves: 1, 2, 3, 5, 6, 7, 8"
+    assert obs == "Board:\nO 1 2\n3 X 5\n6 7 8\nYou play X. Legal moves: 1, 2, 3, 5, 6, 7, 8"
     env = TicTacToe(show_legal_moves=False)
     obs, _ = env.reset(options={"task_id": "ttt-o40-s0"})
-    assert obs == "Board:\nO . .\n. X .\n. . .\nYou play X."
+    assert obs == "Board:\nO 1 2\n3 X 5\n6 7 8\nYou play X."
     instruction = env.instruction
     assert instruction.endswith("Thought: <one short sentence>\nAction: <cell number>")
     assert "0 1 2\n3 4 5\n6 7 8" in instruction

@@ -53,6 +53,7 @@ def run_policy(
     src = source or ("expert" if policy.name == "expert" else "policy")
     done: dict[str, Trajectory] = {}
     if out is not None and Path(out).exists():
+        JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
         for t in iter_trajectories(out):
             done[t.id] = t
     todo = [s for s in specs if s.episode_id(env_name) not in done]

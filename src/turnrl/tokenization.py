@@ -22,7 +22,7 @@ marker and fits in ``max_length`` is kept; later turns are dropped (and reported
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,15 +231,9 @@ class ChatFormat:
         kept_turns = 0
         total_trainable = 0
         reencoded = 0
-        for seg in segs:
-            if seg.turn < 0:
-                piece = self.tokenize_text(seg.text)
-                m, t = 0, -1
-            else:
-                msg = messages[seg.message_index]
-                sampled = msg.token_ids if isinstance(msg, Message) else msg.get("token_ids")
-                content = msg.content if isinstance(msg, Message) else msg["content"]
-                piece, re = self.agent_ids(content, seg.eot, sampled)
+        for seg, piece, re in self._pieces(segs, messages):
+            m, t = 0, -1
+            if seg.turn >= 0:
                 reencoded += int(re)
                 train = trainable is None or seg.turn in trainable
                 m, t = (1, seg.turn + turn_offset) if train else (0, -1)
@@ -264,10 +258,35 @@ class ChatFormat:
         )
 
     def prompt_ids(self, messages: Sequence[Message | dict]) -> list[int]:
-        """The token ids a model is given to write the next agent turn."""
-        enc = self.encode(messages, add_generation_prompt=True)
-        assert enc is not None
-        return enc.input_ids
+        """The token ids a model is given to write the next agent turn.
+
+        They are what precedes that turn in the training sequence of the conversation once
+        the turn is added: the conversation is rendered with an open assistant turn and cut
+        at its sentinel. So prompts match training for every template, also for templates
+        whose generation prompt differs from their rendering of past turns (Llama-2 puts a
+        space before assistant contents) or that have no generation prompt at all.
+        """
+        open_turn = [*messages, {"role": "assistant", "content": ""}]
+        segs = self.segments(open_turn)
+        last = max(i for i, s in enumerate(segs) if s.turn >= 0)
+        ids: list[int] = []
+        for _, piece, _ in self._pieces(segs[:last], open_turn):
+            ids.extend(piece)
+        return ids
+
+    def _pieces(
+        self, segs: Sequence[Segment], messages: Sequence[Message | dict]
+    ) -> Iterator[tuple[Segment, list[int], bool]]:
+        """Token ids of each segment: ``(segment, ids, re-encoded?)``."""
+        for seg in segs:
+            if seg.turn < 0:
+                yield seg, self.tokenize_text(seg.text), False
+                continue
+            msg = messages[seg.message_index]
+            sampled = msg.token_ids if isinstance(msg, Message) else msg.get("token_ids")
+            content = msg.content if isinstance(msg, Message) else msg["content"]
+            piece, reencoded = self.agent_ids(content, seg.eot, sampled)
+            yield seg, piece, reencoded
 
 
 def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -154,8 +154,10 @@ def best_moves(board: Sequence[str]) -> list[int]:
 
 
 def render(board: Sequence[str]) -> str:
-    """``Board:`` and three rows like ``X . O``."""
-    rows = [" ".join(board[r * 3 : r * 3 + 3]) for r in range(3)]
+    """``Board:`` and three rows like ``X 1 O``: marks, and empty cells shown by their number
+    (easier for small models than a placeholder: the legal moves are on the board)."""
+    cells = [c if c != EMPTY else str(i) for i, c in enumerate(board)]
+    rows = [" ".join(cells[r * 3 : r * 3 + 3]) for r in range(3)]
     return "Board:\n" + "\n".join(rows)
 
 
@@ -209,7 +211,7 @@ The cells are numbered 0-8, row by row:
 0 1 2
 3 4 5
 6 7 8
-On the board shown to you, '.' is an empty cell. On your turn, choose one empty cell.
+On the board shown to you, an empty cell shows its number. On your turn, choose one empty cell.
 Respond in exactly this format:
 Thought: <one short sentence>
 Action: <cell number>"""

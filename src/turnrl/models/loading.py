@@ -67,9 +67,9 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
         torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                        "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as e:
         raise TurnRLError(f"cannot load model '{name}': {str(e).splitlines()[0]}") from None
     if device is not None:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]
     return model

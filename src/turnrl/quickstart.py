@@ -1,0 +1,129 @@
+"""``turnrl quickstart``: the main job on the embedded tiny model, minutes on a CPU.
+
+Stages (each skipped when its output is complete, so a killed quickstart resumes):
+
+1. build the tiny model (tokenizer trained on env text, random weights) -> ``OUT/tiny``;
+2. collect expert (minimax) demonstrations on tic-tac-toe's train split against the
+   random opponent -> ``OUT/demos.jsonl``;
+3. SFT the tiny model on them -> ``OUT/sft`` (checkpoints, ``metrics.jsonl``, ``model``);
+4. evaluate the untrained model, the SFT agent, the expert and the random policy on the
+   ``seen`` and ``unseen`` splits (greedy decoding) -> ``OUT/eval/*.jsonl``;
+5. write ``OUT/summary.json`` (records as ``turnrl eval`` writes them), ``OUT/report.md``
+   and the plots ``OUT/training_loss.png`` and ``OUT/rewards.png``; print the table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turnrl.agent.prompting import PromptConfig
+from turnrl.collect import run_policy
+from turnrl.evaluation import results_table, summarize
+from turnrl.progress import progress_bar
+from turnrl.report import markdown_table, plot_rewards, plot_training_loss
+from turnrl.rollout import SamplingConfig, load_policy
+from turnrl.rollout.policies import ExpertPolicy, Policy, RandomPolicy
+from turnrl.stats import overlap
+from turnrl.train.core import atomic_write_json
+
+ENV = "tictactoe"
+ENV_OPTS: dict[str, Any] = {"opponent": "random"}
+
+
+@dataclass(frozen=True)
+class QuickstartPlan:
+    demos: int
+    epochs: float
+    batch_size: int
+    lr: float
+    eval_episodes: int
+
+
+FULL = QuickstartPlan(demos=600, epochs=2.0, batch_size=4, lr=1e-3, eval_episodes=200)
+FAST = QuickstartPlan(demos=250, epochs=2.0, batch_size=4, lr=1e-3, eval_episodes=100)
+
+
+def _say(console: Any, text: str) -> None:
+    if console is not None:
+        console.print(text)
+
+
+def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, console: Any = None,
+                   plan: QuickstartPlan | None = None) -> dict[str, Any]:
+    from turnrl.models.tiny import build_tiny
+    from turnrl.train.sft import SFTConfig, train_sft
+
+    plan = plan or (FAST if fast else FULL)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+
+    tiny = out / "tiny"
+    if not (tiny / "config.json").is_file():
+        _say(console, "[bold]1/4[/bold] building the tiny model")
+        build_tiny(tiny)
+
+    demos = out / "demos.jsonl"
+    _say(console, f"[bold]2/4[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)")
+    with progress_bar("expert demos", plan.demos) as advance:
+        run_policy(ExpertPolicy(), ENV, split="train", episodes=plan.demos, env_opts=ENV_OPTS, out=demos,
+                   num_envs=64, progress=advance)
+
+    sft_dir = out / "sft"
+    _say(console, f"[bold]3/4[/bold] SFT on the demos ({plan.epochs:g} epochs)")
+    if not (sft_dir / "summary.json").is_file():
+        cfg = SFTConfig(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, row_tokens=1024,
+                        save_every=25, seed=0)
+        train_sft(str(tiny), demos, sft_dir, cfg, resume=resume)
+
+    _say(console, f"[bold]4/4[/bold] evaluating on seen and unseen ({plan.eval_episodes} games each)")
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=48)
+    policies: list[tuple[str, Policy]] = [
+        ("untrained", load_policy(str(tiny), sampling=greedy)),
+        ("sft", load_policy(str(sft_dir / "model"), sampling=greedy)),
+        ("expert", ExpertPolicy()),
+        ("random", RandomPolicy()),
+    ]
+    results = []
+    for name, pol in policies:
+        for split in ("seen", "unseen"):
+            with progress_bar(f"eval {name}/{split}", plan.eval_episodes) as advance:
+                trajs = run_policy(pol, ENV, split=split, episodes=plan.eval_episodes, env_opts=ENV_OPTS,
+                                   num_envs=64, seed=1, prompt=PromptConfig(), out=out / "eval" / f"{name}-{split}.jsonl",
+                                   progress=advance)
+            results.append(summarize(trajs, policy=name, env=ENV, split=split))
+
+    plot_training_loss(sft_dir / "metrics.jsonl", out / "training_loss.png", title="SFT loss (tiny model)")
+    plot_rewards(results, out / "rewards.png", title=f"{ENV} vs random opponent: avg reward (95% CI)")
+    summary = {"results": results, "env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__,
+               "seconds": round(time.time() - t0, 1)}
+    (out / "report.md").write_text(_report(results, plan))
+    atomic_write_json(out / "summary.json", summary)
+    if console is not None:
+        console.print(results_table(results, title=f"quickstart: {ENV} vs random opponent"))
+        console.print(f"summary: {out / 'summary.json'}   report: {out / 'report.md'}   "
+                      f"plots: {out / 'training_loss.png'}, {out / 'rewards.png'}   ({summary['seconds']:.0f} s)")
+    return summary
+
+
+def _report(results: list[dict[str, Any]], plan: QuickstartPlan) -> str:
+    by = {(r["policy"], r["split"]): r for r in results}
+    verdict = []
+    for split in ("seen", "unseen"):
+        s, r = by[("sft", split)], by[("random", split)]
+        sep = "do not overlap" if not overlap(tuple(s["ci95"]), tuple(r["ci95"])) else "overlap"
+        verdict.append(f"- {split}: SFT {s['avg_reward']:.3f} vs random {r['avg_reward']:.3f} (95% CIs {sep})")
+    return (
+        "# turnrl quickstart\n\n"
+        f"Tiny model, SFT on {plan.demos} minimax games against the random opponent ({plan.epochs:g} epochs), "
+        f"greedy evaluation on {plan.eval_episodes} games per split.\n\n"
+        + markdown_table(results)
+        + "\n"
+        + "\n".join(verdict)
+        + "\n\n![training loss](training_loss.png)\n\n![rewards](rewards.png)\n"
+        + "\n" + json.dumps({"plan": plan.__dict__}) + "\n"
+    )

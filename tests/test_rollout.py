@@ -1,0 +1,173 @@
+"""Rollout: token-exact round trip, lock-step batching, determinism, invalid actions, resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from turnrl.agent.parsing import parse_action
+from turnrl.agent.prompting import PromptConfig, agent_view
+from turnrl.collect import run_policy
+from turnrl.data.io import read_trajectories
+from turnrl.rollout import ExpertPolicy, HFEngine, ModelPolicy, RandomPolicy, Reply, Request, SamplingConfig
+from turnrl.tokenization import ChatFormat
+
+
+class RecordingEngine(HFEngine):
+    """An HF engine that remembers every prompt it was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, sampling):
+        self.prompts.extend(list(p) for p in prompts)
+        return super().generate(prompts, sampling)
+
+
+def model_policy(model, tokenizer, **sampling):
+    chat = ChatFormat(tokenizer)
+    engine = RecordingEngine(model, tokenizer, chat.stop_token_ids)
+    return ModelPolicy(engine, chat, SamplingConfig(**sampling)), engine, chat
+
+
+@pytest.mark.parametrize("max_new_tokens", [6, 40])
+def test_rollout_tokenize_round_trip_is_token_exact(tiny_model, tiny_tokenizer, max_new_tokens: int) -> None:
+    """The tokens trained on are the tokens sampled, and each turn's context is the prompt
+    the model was given (also when generation ran out before its end-of-turn token)."""
+    import torch
+
+    torch.manual_seed(0)
+    policy, engine, chat = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=max_new_tokens)
+    trajs = run_policy(policy, "tictactoe", split="train", episodes=6, num_envs=3, seed=0)
+    prompts = {tuple(p) for p in engine.prompts}
+    checked = 0
+    for t in trajs:
+        enc = chat.encode(t.messages)
+        assert enc is not None and enc.reencoded_turns == 0
+        turns = [m for m in t.messages if m.role == "assistant"]
+        for k, msg in enumerate(turns):
+            assert msg.token_ids is not None and msg.logprobs is not None
+            assert len(msg.token_ids) == len(msg.logprobs)
+            trained = [i for i, ti in zip(enc.input_ids, enc.turn_index, strict=True) if ti == k]
+            finished = msg.token_ids[-1] in chat.stop_token_ids
+            expected = msg.token_ids if finished else msg.token_ids + chat.tokenize_text(chat.eot_text)
+            assert trained == expected
+            start = enc.turn_index.index(k)
+            assert tuple(enc.input_ids[:start]) in prompts
+            checked += 1
+    assert checked >= 6
+
+
+def test_logprobs_match_a_training_forward(tiny_model, tiny_tokenizer) -> None:
+    """Recorded log-probs equal the log-probs a packed training forward computes."""
+    import torch
+
+    from turnrl.train.forward import pack, token_logps
+
+    torch.manual_seed(1)
+    policy, _, chat = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=24)
+    trajs = run_policy(policy, "tictactoe", split="train", episodes=2, num_envs=2)
+    encs = [chat.encode(t.messages) for t in trajs]
+    recorded = []
+    for t in trajs:
+        for m in t.messages:
+            if m.role == "assistant":
+                assert m.token_ids is not None and m.logprobs is not None
+                finished = m.token_ids[-1] in chat.stop_token_ids
+                recorded.extend(m.logprobs if finished else m.logprobs + [None] * len(chat.tokenize_text(chat.eot_text)))
+    with torch.no_grad():
+        logps = token_logps(tiny_model.eval(), pack(encs)).tolist()  # type: ignore[arg-type]
+    # pack() orders kept positions by sequence; recorded is in the same order
+    pairs = [(a, b) for a, b in zip(recorded, logps, strict=True) if a is not None]
+    assert max(abs(a - b) for a, b in pairs) < 1e-3
+
+
+def test_one_generate_call_per_step(tiny_model, tiny_tokenizer) -> None:
+    policy, engine, _ = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=8)
+    trajs = run_policy(policy, "tictactoe", split="train", episodes=8, num_envs=8)
+    assert engine.calls == max(t.num_turns for t in trajs)
+    assert len(engine.prompts) == sum(t.num_turns for t in trajs)
+
+
+def test_scripted_collections_do_not_depend_on_num_envs() -> None:
+    a = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=20, num_envs=1, seed=3,
+                   env_opts={"opponent": "noisy"})
+    b = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=20, num_envs=7, seed=3,
+                   env_opts={"opponent": "noisy"})
+    assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
+    c = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=20, num_envs=7, seed=4,
+                   env_opts={"opponent": "noisy"})
+    assert [t.to_dict() for t in a] != [t.to_dict() for t in c]
+
+
+def test_expert_never_loses_and_random_is_worse() -> None:
+    for opp in ("minimax", "random"):
+        trajs = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=100, env_opts={"opponent": opp})
+        assert min(t.return_ for t in trajs) >= 0
+    rand = run_policy(RandomPolicy(), "tictactoe", split="train", episodes=100, env_opts={"opponent": "minimax"})
+    assert min(t.return_ for t in rand) == -1
+
+
+class Babbler:
+    """Writes an invalid action on its first turn, then acts like the expert."""
+
+    name = "babbler"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        return [Reply("Thought: hmm\nAction: 42") if r.turn == 0 else ExpertPolicy().act([r])[0] for r in requests]
+
+
+@pytest.mark.parametrize("mode", ["random", "error", "end"])
+def test_invalid_action_policies(mode: str) -> None:
+    cfg = PromptConfig(invalid_action=mode, invalid_penalty=-0.5)
+    (t,) = run_policy(Babbler(), "tictactoe", split="train", episodes=1, prompt=cfg)
+    first = t.messages[2]
+    assert first.role == "assistant" and first.valid is False and first.note
+    assert t.rewards[0] <= -0.5 + 1e-9 or mode == "random"
+    if mode == "random":
+        assert first.action in [str(i) for i in range(9)] and "random" in first.note
+        assert t.messages[3].content.startswith("Opponent played")
+    elif mode == "error":
+        assert t.messages[3].content.startswith("Invalid action")
+        assert t.rewards[0] == -0.5
+    else:
+        assert t.num_turns == 1 and t.terminated and not t.success and t.return_ == -0.5
+
+
+def test_collection_resumes_without_redoing_episodes(tmp_path) -> None:
+    out = tmp_path / "c.jsonl"
+    run_policy(ExpertPolicy(), "tictactoe", episodes=5, out=out)
+    lines = out.read_text().splitlines()
+    # simulate a kill during the write of the 6th episode: a partial line at the end
+    out.write_text("\n".join(lines) + "\n" + lines[0][:50])
+    full = run_policy(ExpertPolicy(), "tictactoe", episodes=12, out=out)
+    again = sorted(read_trajectories(out), key=lambda t: t.id)  # written in the order episodes end
+    assert [t.id for t in again] == [t.id for t in full]
+    assert len({t.id for t in again}) == 12
+    ref = run_policy(ExpertPolicy(), "tictactoe", episodes=12)
+    assert [json.dumps(t.to_dict()) for t in ref] == [json.dumps(t.to_dict()) for t in again]
+
+
+def test_parser_takes_the_last_valid_action() -> None:
+    valid = ["1", "4", "7"]
+    assert parse_action("Thought: x\nAction: 4", valid).action == "4"
+    assert parse_action("Action: 9\nno wait\nAction: 7", valid).action == "7"
+    assert parse_action("Action: 7\nAction: 9", valid).action == "7"
+    assert parse_action("I choose ACTION=1", valid).action == "1"
+    bad = parse_action("Thought: x\nAction: 9", valid)
+    assert not bad.valid and bad.action == "9"
+    assert parse_action("no action here", valid) == parse_action("", valid)
+    assert parse_action("Action: search[red shoes]", None).action == "search[red shoes]"
+
+
+def test_agent_view_windows_history() -> None:
+    trajs = run_policy(ExpertPolicy(), "tictactoe", episodes=1)
+    msgs = trajs[0].messages
+    view, local = agent_view(msgs, 2, history=1)
+    assert view[0].role == "system" and local == 1
+    assert [m.role for m in view[1:]] == ["user", "assistant", "user", "assistant"]
+    full, local = agent_view(msgs, 2, history=None)
+    assert local == 2 and full == msgs[: 1 + 2 * 3]

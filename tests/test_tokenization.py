@@ -1,0 +1,155 @@
+"""Template-agnostic masks: the masked tokens are exactly the assistant contents plus their
+end-of-turn marker, on five template styles, with no per-template arithmetic in the code."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from turnrl.data.schema import Message
+from turnrl.tokenization import ChatFormat
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set sys = '<<SYS>>\\n' + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}{% set msgs = messages[1:] %}"
+    "{% else %}{% set sys = '' %}{% set msgs = messages %}{% endif %}"
+    "{% for m in msgs %}{% if m['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + (sys if loop.first else '') + m['content'] + ' [/INST]' }}"
+    "{% else %}{{ ' ' + m['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+# name -> (template, special tokens to add, eos, bos, expected end-of-turn marker)
+STYLES = {
+    "chatml": (CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>", None, "<|im_end|>"),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               "<|eot_id|>", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama2": (LLAMA2, ["<s>", "</s>"], "</s>", "<s>", "</s>"),
+    "gemma": (GEMMA, ["<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>"], "<eos>", "<bos>", "<end_of_turn>"),
+    "mistral": (MISTRAL, ["<s>", "</s>"], "</s>", "<s>", "</s>"),
+    "none": (None, ["</s>"], "</s>", None, "</s>"),
+}
+
+MESSAGES = [
+    Message("system", "You play tic-tac-toe. Answer with Thought and Action."),
+    Message("user", "Board:\n0 1 2\n3 4 5\n6 7 8\nYou play X."),
+    Message("assistant", "Thought: The center is strongest.\nAction: 4"),
+    # an observation that contains the next action's text must not confuse the locator
+    Message("user", "Opponent played 0.\nBoard:\nO 1 2\n3 X 5\n6 7 8\nThought: Action: 8"),
+    Message("assistant", "Thought: Action: 8"),
+    Message("user", "Opponent played 2."),
+    Message("assistant", "Thought: I must block the opponent's line at 1.\nAction: 1"),
+]
+
+
+def styled(tokenizer, style: str):
+    template, specials, eos, bos, _ = STYLES[style]
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    tok.eos_token = eos
+    tok.bos_token = bos
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_masked_tokens_are_assistant_contents_plus_end_of_turn(tiny_tokenizer, style: str) -> None:
+    tok = styled(tiny_tokenizer, style)
+    chat = ChatFormat(tok)
+    expected_eot = STYLES[style][4]
+    assert chat.eot_text.strip() == expected_eot
+    enc = chat.encode(MESSAGES)
+    assert enc is not None
+    assistants = [m.content for m in MESSAGES if m.role == "assistant"]
+    assert enc.num_turns == len(assistants)
+    for turn, content in enumerate(assistants):
+        ids = [i for i, t in zip(enc.input_ids, enc.turn_index, strict=True) if t == turn]
+        text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert text == content + chat.eot_text, (style, turn, text)
+        assert text.endswith(expected_eot)
+    # mask and turn index agree; nothing outside assistant turns is trained on
+    assert [m == 1 for m in enc.action_mask] == [t >= 0 for t in enc.turn_index]
+    # the stop tokens at generation include the end-of-turn token
+    assert tok.convert_tokens_to_ids(expected_eot) in chat.stop_token_ids
+    # everything decodes back to the template's own rendering (nothing dropped or added)
+    full = tok.decode(enc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    rendered = "".join(s.text for s in chat.segments(MESSAGES))
+    assert full == rendered
+    for m in MESSAGES[1:]:
+        assert m.content.strip() in full
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_prompt_is_a_prefix_of_the_training_sequence(tiny_tokenizer, style: str) -> None:
+    """What the model saw before turn t is exactly what precedes turn t in training."""
+    tok = styled(tiny_tokenizer, style)
+    chat = ChatFormat(tok)
+    enc = chat.encode(MESSAGES)
+    assert enc is not None
+    a_idx = [i for i, m in enumerate(MESSAGES) if m.role == "assistant"]
+    for turn, i in enumerate(a_idx):
+        prompt = chat.prompt_ids(MESSAGES[:i])
+        start = enc.turn_index.index(turn)
+        assert enc.input_ids[:start] == prompt, (style, turn)
+
+
+def test_truncation_never_cuts_an_action(tiny_tokenizer) -> None:
+    chat = ChatFormat(tiny_tokenizer)
+    full = chat.encode(MESSAGES)
+    assert full is not None
+    ends = [max(i for i, t in enumerate(full.turn_index) if t == k) + 1 for k in range(3)]
+    # a budget that ends in the middle of turn 2 keeps turns 0 and 1 whole
+    cut = chat.encode(MESSAGES, max_length=ends[2] - 2)
+    assert cut is not None and cut.num_turns == 2 and cut.dropped_turns == 1
+    assert len(cut) == ends[1] and cut.input_ids == full.input_ids[: ends[1]]
+    # a budget smaller than the first turn: no example at all
+    assert chat.encode(MESSAGES, max_length=ends[0] - 1) is None
+
+
+def test_trainable_turns_and_offset(tiny_tokenizer) -> None:
+    chat = ChatFormat(tiny_tokenizer)
+    enc = chat.encode(MESSAGES, trainable_turns=[1], turn_offset=5)
+    assert enc is not None
+    assert set(enc.turn_index) == {-1, 6}
+    text = tiny_tokenizer.decode([i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m])
+    assert text == "Thought: Action: 8" + chat.eot_text
+
+
+def test_sampled_token_ids_are_used_verbatim(tiny_tokenizer) -> None:
+    """Sampled ids that decode to the content are trained on as sampled, even when a plain
+    re-encoding of the text would tokenize differently."""
+    chat = ChatFormat(tiny_tokenizer)
+    content = "Thought: ok\nAction: 4"
+    odd = [tid for ch in content for tid in tiny_tokenizer(ch, add_special_tokens=False)["input_ids"]]
+    assert odd != chat.tokenize_text(content)  # a character-by-character tokenization
+    msgs = [MESSAGES[0], MESSAGES[1], Message("assistant", content, token_ids=odd + chat.stop_token_ids[:1])]
+    enc = chat.encode(msgs)
+    assert enc is not None
+    assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == odd + chat.stop_token_ids[:1]
+    assert enc.reencoded_turns == 0
+    # ids that do not match the content are not trusted
+    msgs[2] = Message("assistant", content, token_ids=chat.tokenize_text("Action: 5"))
+    enc = chat.encode(msgs)
+    assert enc is not None and enc.reencoded_turns == 1
