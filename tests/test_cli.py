@@ -1,0 +1,112 @@
+"""The command line: bad input is one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from turnrl.cli import main
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def one_line_error(code: int, err: str) -> str:
+    assert code != 0
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_envs_check_and_list(capsys) -> None:
+    code, out, _ = run(["envs", "check", "tictactoe"], capsys)
+    assert code == 0 and "contract holds" in out
+    code, out, _ = run(["envs", "list"], capsys)
+    assert code == 0 and "tictactoe" in out
+
+
+def test_unknown_env(capsys) -> None:
+    code, _, err = run(["envs", "check", "tictacto"], capsys)
+    line = one_line_error(code, err)
+    assert "unknown env 'tictacto'" in line and "did you mean 'tictactoe'" in line
+
+
+def test_unknown_env_opt(tmp_path: Path, capsys) -> None:
+    code, _, err = run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "2",
+                        "--out", str(tmp_path / "x.jsonl"), "--env-opt", "oponent=minimax"], capsys)
+    line = one_line_error(code, err)
+    assert "'oponent'" in line and "did you mean 'opponent'" in line
+    assert not (tmp_path / "x.jsonl").exists()
+    code, _, err = run(["collect", "--env", "tictactoe", "--policy", "expert", "--out", str(tmp_path / "y.jsonl"),
+                        "--env-opt", "opponent=minmax"], capsys)
+    assert "minmax" in one_line_error(code, err)
+
+
+def test_collect_validate_and_malformed_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demos.jsonl"
+    code, _, _ = run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "30",
+                      "--env-opt", "opponent=minimax", "--out", str(out)], capsys)
+    assert code == 0
+    code, stdout, _ = run(["data", "validate", str(out)], capsys)
+    assert code == 0 and json.loads(stdout)["trajectories"] == 30
+    lines = out.read_text().splitlines()
+    lines[6] = lines[6].replace('"role": "user"', '"role": "bot"', 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    code, _, err = run(["data", "validate", str(bad)], capsys)
+    line = one_line_error(code, err)
+    assert f"{bad}:7:" in line and "role" in line
+
+
+def test_missing_model_path(tmp_path: Path, capsys) -> None:
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", str(tmp_path / "nope"), "--out",
+                        str(tmp_path / "r.json")], capsys)
+    assert "model path not found" in one_line_error(code, err)
+
+
+def test_train_sft_errors(tmp_path: Path, tiny_dir: Path, capsys) -> None:
+    data = tmp_path / "d.jsonl"
+    run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "4", "--out", str(data)], capsys)
+    code, _, err = run(["train", "sft", "--model", str(tiny_dir), "--data", str(data), "--out",
+                        str(tmp_path / "o"), "lerning_rate=1"], capsys)
+    line = one_line_error(code, err)
+    assert "unknown key 'lerning_rate'" in line
+    code, _, err = run(["train", "sft", "--model", str(tiny_dir), "--data", str(data), "--out",
+                        str(tmp_path / "o"), "lr=fast"], capsys)
+    assert "'lr'" in one_line_error(code, err)
+    code, _, err = run(["train", "sft", "--model", str(tmp_path / "missing"), "--data", str(data), "--out",
+                        str(tmp_path / "o")], capsys)
+    assert "model path not found" in one_line_error(code, err)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema": "turnrl.trajectory/v1", "id": 1\n')
+    code, _, err = run(["train", "sft", "--model", str(tiny_dir), "--data", str(bad), "--out",
+                        str(tmp_path / "o")], capsys)
+    assert f"{bad}:1:" in one_line_error(code, err)
+    code, _, err = run(["train", "sft", "--model", str(tiny_dir), "--data", str(tmp_path / "none.jsonl"),
+                        "--out", str(tmp_path / "o")], capsys)
+    assert "none.jsonl" in one_line_error(code, err)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lr: 0.1\nbatch_sise: 3\n")
+    code, _, err = run(["train", "sft", "--model", str(tiny_dir), "--data", str(data), "--out",
+                        str(tmp_path / "o"), "--config", str(cfg)], capsys)
+    line = one_line_error(code, err)
+    assert str(cfg) in line and "batch_sise" in line and "did you mean 'batch_size'" in line
+
+
+def test_import_eto(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "eto.json"
+    src.write_text(json.dumps([{"id": "t1", "reward": 1.0, "conversations": [
+        {"from": "human", "value": "Instruction"}, {"from": "gpt", "value": "OK"},
+        {"from": "human", "value": "Obs"}, {"from": "gpt", "value": "Thought: x\nAction: go"}]}]))
+    code, out, _ = run(["data", "import-eto", str(src), "--out", str(tmp_path / "t.jsonl"), "--env", "x"], capsys)
+    assert code == 0 and "1 trajectories" in out
+    code, stdout, _ = run(["data", "validate", str(tmp_path / "t.jsonl")], capsys)
+    assert json.loads(stdout)["trajectories"] == 1

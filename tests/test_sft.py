@@ -1,0 +1,82 @@
+"""SFT on the trainer core: exact accumulation and kill-and-resume on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from turnrl.collect import run_policy
+from turnrl.data.io import write_jsonl
+from turnrl.rollout import ExpertPolicy
+from turnrl.train.sft import SFTConfig, train_sft
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
+    write_jsonl(path, run_policy(ExpertPolicy(), "tictactoe", episodes=48, env_opts={"opponent": "noisy"}))
+    return path
+
+
+def losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_batch_8x1_equals_batch_2x4(tiny_dir: Path, demos: Path, tmp_path: Path) -> None:
+    common = {"max_steps": 4, "lr": 1e-3, "row_tokens": 1024, "warmup_ratio": 0.0}
+    a = train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(batch_size=8, grad_accum=1, **common))
+    b = train_sft(str(tiny_dir), demos, tmp_path / "b", SFTConfig(batch_size=2, grad_accum=4, **common))
+    la, lb = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(la) == 4 and la == pytest.approx(lb, abs=2e-5)
+    assert la[-1] < la[0]
+    from transformers import AutoModelForCausalLM
+
+    wa = AutoModelForCausalLM.from_pretrained(a.model_dir).state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(b.model_dir).state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+
+
+def _cmd(tiny_dir: Path, demos: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "turnrl", "train", "sft", "--model", str(tiny_dir), "--data", str(demos),
+            "--out", str(out), "max_steps=14", "batch_size=4", "save_every=3", "lr=1e-3", "row_tokens=1024", *extra]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_dir: Path, demos: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "TURNRL_PROGRESS": "0"}
+    ref = tmp_path / "ref"
+    subprocess.run(_cmd(tiny_dir, demos, ref), check=True, env=env, capture_output=True)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd(tiny_dir, demos, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 7:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    # without --resume the directory is refused; with it, the run continues
+    again = subprocess.run(_cmd(tiny_dir, demos, out), env=env, capture_output=True, text=True)
+    assert again.returncode != 0 and "--resume" in again.stderr
+    subprocess.run([*_cmd(tiny_dir, demos, out), "--resume"], check=True, env=env, capture_output=True)
+
+    assert losses(out) == pytest.approx(losses(ref), abs=1e-5)
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 15))
+    from transformers import AutoModelForCausalLM
+
+    wa = AutoModelForCausalLM.from_pretrained(ref / "model").state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    assert all(torch.isfinite(v).all() for v in wb.values())
