@@ -63,7 +63,9 @@ def plot_rewards(results: Sequence[dict[str, Any]], out_png: str | Path, *, labe
     width = 0.8 / max(1, len(splits))
     fig, ax = plt.subplots(figsize=(1.4 + 1.3 * len(labels), 3.8))
     for k, split in enumerate(splits):
-        xs, ys, errs = [], [], [[], []]
+        xs: list[float] = []
+        ys: list[float] = []
+        errs: list[list[float]] = [[], []]
         for i, name in enumerate(labels):
             for r in results:
                 if str(r.get(label, r.get("policy"))) == name and r["split"] == split:
