@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    import logging
+
+    logging.getLogger("accelerate").setLevel(logging.ERROR)  # checkpoint chatter on tied weights
     try:
         app(args=argv, standalone_mode=False)
     except TurnRLError as e:

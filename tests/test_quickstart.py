@@ -1,0 +1,32 @@
+"""The quickstart pipeline end to end on a small plan (the full plan's numbers are in docs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from turnrl.quickstart import QuickstartPlan, run_quickstart
+
+SMALL = QuickstartPlan(demos=24, epochs=1.0, batch_size=16, lr=2e-3, eval_episodes=8)
+
+
+@pytest.mark.integration
+def test_quickstart_writes_summary_report_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "qs"
+    summary = run_quickstart(out, plan=SMALL)
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["results"] == summary["results"]
+    rows = {(r["policy"], r["split"]) for r in on_disk["results"]}
+    assert rows == {(p, s) for p in ("untrained", "sft", "expert", "random") for s in ("seen", "unseen")}
+    for r in on_disk["results"]:
+        assert r["episodes"] == 8 and r["ci95"][0] <= r["avg_reward"] <= r["ci95"][1]
+    assert "| sft | seen |" in (out / "report.md").read_text()
+    for png in ("training_loss.png", "rewards.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # a second run reuses every finished stage
+    mtime = (out / "sft" / "summary.json").stat().st_mtime
+    again = run_quickstart(out, plan=SMALL)
+    assert (out / "sft" / "summary.json").stat().st_mtime == mtime
+    assert again["results"] == summary["results"]
