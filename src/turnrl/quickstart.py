@@ -50,7 +50,7 @@ class QuickstartPlan:
     eval_episodes: int
 
 
-FULL = QuickstartPlan(demos=800, epochs=4.0, batch_size=16, lr=2e-3, eval_episodes=200)
+FULL = QuickstartPlan(demos=600, epochs=3.0, batch_size=16, lr=2e-3, eval_episodes=200)
 FAST = QuickstartPlan(demos=400, epochs=3.0, batch_size=16, lr=2e-3, eval_episodes=100)
 
 
