@@ -12,8 +12,13 @@ from turnrl.envs.base import ExpertStep, TextEnv
 from turnrl.envs.checker import CheckFailed, assert_env, check_env
 from turnrl.errors import TurnRLError
 
+#: envs whose check takes seconds (a Java process, gold paths): run with ``-m slow``
+SLOW_ENVS = {"scienceworld"}
 
-@pytest.mark.parametrize("name", turnrl.envs.names())
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ENVS else n for n in turnrl.envs.names()]
+)
 def test_registered_envs_pass(name: str) -> None:
     assert check_env(name) == []
 

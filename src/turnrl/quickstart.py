@@ -2,7 +2,7 @@
 
 Stages (each skipped when its output is complete, so a killed quickstart resumes):
 
-1. build the tiny model (tokenizer trained on env text, random weights) -> ``OUT/tiny``;
+1. build the tiny model (tokenizer trained on tic-tac-toe text, random weights) -> ``OUT/tiny``;
 2. collect expert (minimax) demonstrations on tic-tac-toe's train split against the
    random opponent -> ``OUT/demos.jsonl``;
 3. SFT the tiny model on them -> ``OUT/sft`` (checkpoints, ``metrics.jsonl``, ``model``);
@@ -72,7 +72,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     tiny = out / "tiny"
     if not (tiny / "config.json").is_file():
         _say(console, "[bold]1/4[/bold] building the tiny model")
-        build_tiny(tiny)
+        build_tiny(tiny, env_names=(ENV,))  # a tic-tac-toe specialist: the whole vocabulary on its text
 
     demos = out / "demos.jsonl"
     _say(console, f"[bold]2/4[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)")

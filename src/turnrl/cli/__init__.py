@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from turnrl.cli.diagnose import diagnose_app
 from turnrl.errors import TurnRLError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -22,11 +23,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 envs_app = typer.Typer(no_args_is_help=True, help="List and check environments.")
 data_app = typer.Typer(no_args_is_help=True, help="Validate and import data files.")
 model_app = typer.Typer(no_args_is_help=True, help="The embedded tiny model.")
-train_app = typer.Typer(no_args_is_help=True, help="Train a model (sft, ...).")
+train_app = typer.Typer(no_args_is_help=True, help="Train a model (sft, dpo, ipo, dmpo, sppo, ...).")
 app.add_typer(envs_app, name="envs")
 app.add_typer(data_app, name="data")
 app.add_typer(model_app, name="model")
 app.add_typer(train_app, name="train")
+app.add_typer(diagnose_app, name="diagnose")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -200,6 +202,88 @@ def train_sft_cmd(
     cfg = load_config(SFTConfig, config, overrides)
     result = train_sft(model, data, out, cfg, resume=resume)
     console.print(f"SFT finished: {result.steps} steps, final loss {result.final_loss:.4f}; model in {result.model_dir}")
+
+
+def _preference_command(loss: str) -> None:
+    doc = {
+        "dpo": "Trajectory DPO (ETO) on preference pairs.",
+        "ipo": "IPO on preference pairs.",
+        "dmpo": "DMPO: discounted, length-normalised multi-turn DPO on preference pairs.",
+        "sppo": "SPPO's squared loss on scored samples (turnrl pairs --scored).",
+    }[loss]
+
+    def command(
+        model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
+        pairs: Annotated[Path, typer.Option(help="Pairs JSONL (scored samples for sppo).")],
+        out: Annotated[Path, typer.Option(help="Output directory.")],
+        overrides: Overrides = None,
+        config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,
+        eval_pairs: Annotated[Path | None, typer.Option(help="Held-out pairs: loss and accuracy are logged.")] = None,
+        resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
+    ) -> None:
+        from turnrl.config import load_config
+        from turnrl.train.preference import PreferenceConfig, train_preference
+
+        cfg = load_config(PreferenceConfig, config, overrides)
+        if cfg.loss != loss:
+            cfg = cfg.model_copy(update={"loss": loss})
+        result = train_preference(model, pairs, out, cfg, resume=resume, eval_data=eval_pairs)
+        console.print(f"{loss.upper()} finished: {result.steps} steps, final loss {result.final_loss:.4f}; "
+                      f"model in {result.model_dir}")
+
+    command.__doc__ = doc
+    train_app.command(loss)(command)
+
+
+for _loss in ("dpo", "ipo", "dmpo", "sppo"):
+    _preference_command(_loss)
+
+
+@app.command()
+def pairs(
+    out: Annotated[Path, typer.Option(help="Output JSONL.")],
+    explored: Annotated[list[Path], typer.Option(help="Explored (agent) trajectories (repeatable).")],
+    expert: Annotated[list[Path] | None, typer.Option(help="Expert trajectories (repeatable).")] = None,
+    mode: Annotated[str, typer.Option(help="trajectory, step, mixed or self-play.")] = "trajectory",
+    losers: Annotated[str, typer.Option(help="clean (drop degenerate losers) or noisy (keep them).")] = "noisy",
+    truncate_k: Annotated[int | None, typer.Option(help="Cut losers to the winner's turns + K.")] = None,
+    scored: Annotated[bool, typer.Option(help="Write SPPO scored samples instead of pairs.")] = False,
+    tau: Annotated[float, typer.Option(help="Reward-oracle temperature for --scored.")] = 1.0,
+) -> None:
+    """Build preference pairs (ETO, step-wise, self-play) or SPPO scored samples."""
+    from turnrl.data import pairs as P
+    from turnrl.data.io import read_trajectories, write_jsonl
+
+    modes = ("trajectory", "step", "mixed", "self-play")
+    if mode not in modes:
+        from turnrl.errors import unknown
+
+        raise unknown("pairs mode", mode, modes)
+    if losers not in ("clean", "noisy"):
+        raise TurnRLError(f"--losers must be clean or noisy (got {losers!r})")
+    explored_trajs = [t for f in explored for t in read_trajectories(f)]
+    stats: dict[str, int] = {}
+    records: list[Any]
+    if scored:
+        if not tau > 0:
+            raise TurnRLError(f"--tau must be > 0 (got {tau})")
+        records = P.scored_samples(explored_trajs, tau=tau)
+    elif mode == "self-play":
+        records = P.self_play_pairs(explored_trajs, losers=losers, stats=stats)  # type: ignore[arg-type]
+    else:
+        if not expert:
+            raise TurnRLError(f"--mode {mode} needs --expert trajectories (or use --mode self-play)")
+        experts = [t for f in expert for t in read_trajectories(f)]
+        records = []
+        if mode in ("trajectory", "mixed"):
+            records += P.trajectory_pairs(experts, explored_trajs, losers=losers,  # type: ignore[arg-type]
+                                          truncate_k=truncate_k, stats=stats)
+        if mode in ("step", "mixed"):
+            records += P.step_pairs(experts, explored_trajs, losers=losers, stats=stats)  # type: ignore[arg-type]
+    write_jsonl(out, records)
+    what = "scored samples" if scored else "pairs"
+    extra = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "pairs")
+    console.print(f"wrote {len(records)} {what} to {out}" + (f" ({extra})" if extra else ""))
 
 
 # ------------------------------------------------------------------------- quickstart

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +59,14 @@ def _load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
+    import turnrl.envs.bandit  # noqa: F401  (registers itself)
+    import turnrl.envs.contextual_bandit  # noqa: F401  (registers itself)
     from turnrl.envs import tictactoe  # noqa: F401  (registers itself)
+
+    # text-agent envs; each registers itself (webshop only when TURNRL_WEBSHOP_URL is set,
+    # scienceworld, household and alfworld only when their optional packages are installed)
+    for module in ("twenty_questions", "shop", "webshop", "scienceworld", "household", "alfworld"):
+        importlib.import_module(f"turnrl.envs.{module}")
 
 
 __all__ = ["SPLITS", "ExpertStep", "TextEnv", "env_options", "make", "names", "register"]

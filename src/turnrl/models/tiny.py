@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from turnrl.errors import TurnRLError
@@ -35,13 +35,19 @@ PRESETS: dict[str, tuple[int, int, int, int, int]] = {
 }
 
 
-def env_corpus(episodes_per_split: int = 40, seed: int = 0) -> Iterator[str]:
+#: The envs whose text trains the tiny tokenizer: the in-process built-ins, fixed so that the
+#: tiny model is the same on every machine whatever optional extras (ScienceWorld, TextWorld)
+#: are installed, and quick to build.
+CORPUS_ENVS = ("tictactoe", "bandit", "contextual_bandit", "twenty_questions", "guess_my_city", "shop")
+
+
+def env_corpus(episodes_per_split: int = 40, seed: int = 0, env_names: Sequence[str] = CORPUS_ENVS) -> Iterator[str]:
     """Text of the built-in environments: instructions, observations, expert turns."""
     from turnrl import envs
     from turnrl.envs import SPLITS
 
     rng = random.Random(seed)
-    for name in envs.names():
+    for name in env_names:
         try:
             env = envs.make(name)
         except TurnRLError:
@@ -49,7 +55,8 @@ def env_corpus(episodes_per_split: int = 40, seed: int = 0) -> Iterator[str]:
         with env:
             for split in SPLITS:
                 ids = env.task_ids(split)
-                for k in range(min(episodes_per_split, len(ids))):
+                cap = getattr(env, "corpus_episodes_per_split", episodes_per_split)
+                for k in range(min(episodes_per_split, cap, len(ids))):
                     obs, info = env.reset(seed=k, options={"task_id": ids[k]})
                     yield env.instruction
                     for _ in range(env.max_turns):
@@ -64,8 +71,12 @@ def env_corpus(episodes_per_split: int = 40, seed: int = 0) -> Iterator[str]:
                             break
 
 
-def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes_per_split: int = 40) -> Path:
-    """Train the tokenizer and write a randomly initialized model to ``out``."""
+def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes_per_split: int = 40,
+               env_names: Sequence[str] = CORPUS_ENVS) -> Path:
+    """Train the tokenizer on the text of ``env_names`` and write a randomly initialized model
+    to ``out``. A tokenizer trained on one env's text only (the quickstart's tic-tac-toe
+    specialist) spends its whole vocabulary there, which a model trained from scratch in
+    minutes notices."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -74,7 +85,10 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
         raise TurnRLError(f"unknown tiny preset '{preset}'; choose from: {', '.join(PRESETS)}")
     hidden, inter, layers, heads, vocab = PRESETS[preset]
     out = Path(out)
-    corpus = list(env_corpus(episodes_per_split, seed))
+    unknown_envs = [n for n in env_names if n not in CORPUS_ENVS]
+    if unknown_envs:
+        raise TurnRLError(f"tiny corpus: unknown env {unknown_envs[0]!r}; choose from: {', '.join(CORPUS_ENVS)}")
+    corpus = list(env_corpus(episodes_per_split, seed, env_names))
     corpus += [CHATML_TEMPLATE, "system user assistant Thought: Action: ACTION="]
 
     bpe = Tokenizer(models.BPE())

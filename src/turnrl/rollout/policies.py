@@ -103,11 +103,17 @@ class ModelPolicy:
 
 def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: int | None = None,
                 device: str | None = None) -> Policy:
-    """``expert``, ``random``, or a model directory / hub id / ``tiny``."""
+    """``expert``, ``random``, a scripted bandit algorithm (``ucb``, ``ucb:c=2``, ``linucb``,
+    ``thompson``, ``epsilon-greedy:eps=0.1``, ``greedy``), or a model directory / hub id / ``tiny``."""
     if spec == "expert":
         return ExpertPolicy()
     if spec == "random":
         return RandomPolicy()
+    from turnrl.bandits.policies import load_scripted  # ucb, ucb:c=2, linucb, thompson, greedy, ...
+
+    scripted = load_scripted(spec)
+    if scripted is not None:
+        return scripted
     from turnrl.models.loading import load_model, load_tokenizer
     from turnrl.rollout.engine import HFEngine
 

@@ -24,17 +24,19 @@ from turnrl.agent.parsing import parse_action
 from turnrl.agent.prompting import PromptConfig, system_message
 from turnrl.data.schema import Message, Trajectory
 from turnrl.envs.base import TextEnv
-from turnrl.rollout.policies import Policy, Request
+from turnrl.rollout.policies import ExpertPolicy, Policy, Request
 
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """One planned episode."""
+    """One planned episode. The env's expert plays its first ``expert_turns`` turns
+    (ETO's step-wise exploration replays an expert prefix, then the policy takes over)."""
 
     index: int
     split: str
     task_id: str
     seed: int
+    expert_turns: int = 0
 
     def episode_id(self, env_name: str) -> str:
         return f"{env_name}-{self.split}-{self.index:06d}"
@@ -109,7 +111,7 @@ class Sampler:
             requests = [
                 Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng) for s in active
             ]
-            replies = self.policy.act(requests)
+            replies = self._act(active, requests)
             for slot, reply in zip(active, replies, strict=True):
                 traj = self._advance(slot, reply)
                 if traj is not None:
@@ -119,6 +121,21 @@ class Sampler:
                         on_episode(traj)
                     slot.spec = None
         return [done[k] for k in sorted(done)]
+
+    def _act(self, active: Sequence[_Slot], requests: Sequence[Request]) -> list[Any]:
+        """The policy's replies; slots still in their expert prefix get the expert's."""
+        replay = [i for i, s in enumerate(active) if s.spec is not None and s.turn < s.spec.expert_turns]
+        if not replay:
+            return list(self.policy.act(requests))
+        replies: list[Any] = [None] * len(requests)
+        expert = ExpertPolicy().act([requests[i] for i in replay])
+        for i, r in zip(replay, expert, strict=True):
+            replies[i] = r
+        rest = [i for i in range(len(requests)) if replies[i] is None]
+        if rest:
+            for i, r in zip(rest, self.policy.act([requests[i] for i in rest]), strict=True):
+                replies[i] = r
+        return replies
 
     # ----------------------------------------------------------------------------
     def _start(self, slot: _Slot, spec: EpisodeSpec) -> None:
@@ -194,7 +211,8 @@ class Sampler:
             split=slot.spec.split,
             source=self.source,
             meta={"policy": self.policy.name, "seed": slot.spec.seed, "index": slot.spec.index,
-                  "final_observation": final_obs, **_outcome(info)},
+                  "final_observation": final_obs, **_outcome(info),
+                  **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {})},
         )
 
 

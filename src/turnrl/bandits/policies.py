@@ -1,0 +1,64 @@
+"""Scripted bandit policies for the sampler: ``load_policy("ucb:c=2")`` and friends.
+
+A :class:`ScriptedBanditPolicy` plays an algorithm of :mod:`turnrl.bandits.algorithms` in
+bandit envs through the normal sampler, writing the templated rationale with its UCB
+values and ``ACTION=X`` (so ``turnrl collect --env bandit --policy ucb`` writes
+thought-cloning data). Its randomness comes from each episode's rng, so collections are
+reproducible and do not depend on the number of environments.
+
+Specs: ``ucb``, ``ucb:c=2``, ``linucb``, ``linucb:alpha=0.5``, ``thompson``,
+``epsilon-greedy:eps=0.1``, ``greedy``, ``greedy:init=0``, ``uniform`` (random arms with
+the UCB-value rationale). ``random`` stays the generic random policy of
+:mod:`turnrl.rollout.policies` for ``load_policy``; in ``turnrl diagnose`` it is the
+scripted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from turnrl.bandits.algorithms import Algorithm, is_algorithm_spec, make_algorithm
+from turnrl.bandits.scripted import Decision, ScriptedAgent
+from turnrl.rollout.policies import Reply, Request
+
+
+def bandit_env(env: Any, who: str) -> Any:
+    """``env`` if it is one of the bandit envs, else a one-line error naming ``who``."""
+    from turnrl.envs.bandit import as_bandit
+
+    return as_bandit(env, who)
+
+
+class ScriptedBanditPolicy:
+    """A bandit algorithm as a sampler policy (see the module doc)."""
+
+    def __init__(self, algo: Algorithm):
+        self.algo = algo
+        self.name = algo.spec
+        self.agent = ScriptedAgent(algo)
+        #: the last decision per request of the latest ``act`` call (arm, UCB values...)
+        self.last: list[Decision] = []
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        self.last = []
+        out = []
+        for r in requests:
+            env = bandit_env(r.env, f"bandit policy '{self.name}'")
+            d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
+            self.last.append(d)
+            out.append(Reply(d.reply, meta={"arm": d.arm, "ucb": list(d.ucb), "explored": d.explored}))
+        return out
+
+
+def load_scripted(spec: str) -> ScriptedBanditPolicy | None:
+    """The scripted policy for ``spec``, or None when ``spec`` names no bandit algorithm
+    (``random`` is left to the generic random policy)."""
+    if spec.strip().lower() == "random" or not is_algorithm_spec(spec):
+        return None
+    return ScriptedBanditPolicy(make_algorithm(spec))
+
+
+__all__ = ["ScriptedBanditPolicy", "bandit_env", "load_scripted"]

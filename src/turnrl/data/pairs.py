@@ -1,0 +1,238 @@
+"""Building preference data from trajectories (ETO, step-wise, self-play) and SPPO records.
+
+All builders are pure functions of trajectories; ``turnrl pairs`` reads and writes the files.
+
+* :func:`trajectory_pairs` -- ETO's rule: for each explored trajectory, the expert trajectory
+  of the same task; when their returns differ the higher one is chosen. Optionally the loser
+  is cut to the winner's number of turns plus ``truncate_k``.
+* :func:`step_pairs` -- ETO's step-wise variant: an explored trajectory whose first ``t``
+  turns replayed the expert (``meta["expert_turns"] = t``, see ``EpisodeSpec.expert_turns``)
+  is compared with the expert trajectory of the same task by final return; the pair is the
+  expert's action at turn ``t`` against the agent's, after the shared prefix. Both sides are
+  cut after turn ``t`` and only turn ``t`` is trained (``meta["train_from_turn"] = t``).
+* :func:`self_play_pairs` -- no expert: the best against the worst of a task's own samples
+  when their returns differ.
+* :func:`scored_samples` -- SPPO: every sample with its win rate against the K samples of its
+  task under the environment-reward oracle ``P(i > j) = sigmoid((r_i - r_j) / tau)``, ties 1/2
+  (``meta["win_rate"]``). The oracle interface itself is :class:`RewardOracle`.
+
+Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`: a loser
+with an invalid action, a turn without a parseable action, an action repeated
+``max_repeats`` times in a row, or gibberish text is dropped; "noisy" keeps them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Literal
+
+from turnrl.data.schema import Message, Pair, Trajectory
+
+LoserSetting = Literal["clean", "noisy"]
+
+__all__ = [
+    "RewardOracle",
+    "degenerate_reason",
+    "scored_samples",
+    "self_play_pairs",
+    "step_pairs",
+    "trajectory_pairs",
+    "truncate_turns",
+]
+
+
+def truncate_turns(traj: Trajectory, turns: int) -> Trajectory:
+    """The trajectory cut right after its ``turns``-th agent turn (rewards and return cut too)."""
+    if turns >= traj.num_turns:
+        return traj
+    out: list[Message] = []
+    seen = 0
+    for m in traj.messages:
+        if m.role == "assistant":
+            if seen == turns:
+                break
+            seen += 1
+        out.append(m)
+    rewards = list(traj.rewards[:turns])
+    return replace(traj, messages=out, rewards=rewards, return_=float(sum(rewards)), success=False,
+                   terminated=False, truncated=True, meta={**traj.meta, "truncated_to_turns": turns})
+
+
+def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
+    """Why a trajectory is degenerate (invalid / missing / repeated actions, gibberish), or None."""
+    run, last = 0, None
+    for m in traj.messages:
+        if m.role != "assistant":
+            continue
+        if m.valid is False:
+            return "invalid action"
+        if m.action is None:
+            return "no action"
+        if _gibberish(m.content):
+            return "gibberish"
+        run = run + 1 if m.action == last else 1
+        last = m.action
+        if run >= max_repeats:
+            return "repeated action"
+    return None
+
+
+def _gibberish(text: str) -> bool:
+    """Mostly non-word characters, or one short chunk repeated over and over."""
+    stripped = text.strip()
+    if not stripped:
+        return True
+    wordy = sum(c.isalnum() or c.isspace() for c in stripped) / len(stripped)
+    if wordy < 0.6:
+        return True
+    words = stripped.split()
+    return len(words) >= 12 and len(set(words)) / len(words) < 0.2
+
+
+def _by_task(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
+    out: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        out[t.task_id].append(t)
+    return out
+
+
+def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
+    if losers == "noisy":
+        return True
+    why = degenerate_reason(loser)
+    if why is not None:
+        stats[f"dropped_{why.replace(' ', '_')}"] = stats.get(f"dropped_{why.replace(' ', '_')}", 0) + 1
+        return False
+    return True
+
+
+def trajectory_pairs(
+    experts: Sequence[Trajectory],
+    explored: Sequence[Trajectory],
+    *,
+    losers: LoserSetting = "noisy",
+    truncate_k: int | None = None,
+    stats: dict[str, int] | None = None,
+) -> list[Pair]:
+    """ETO's trajectory-level pairs (see the module docstring)."""
+    stats = stats if stats is not None else {}
+    expert_of = {t.task_id: t for t in experts}
+    pairs: list[Pair] = []
+    for x in explored:
+        if x.meta.get("expert_turns"):
+            continue  # a step-wise exploration: see step_pairs
+        e = expert_of.get(x.task_id)
+        if e is None:
+            stats["no_expert"] = stats.get("no_expert", 0) + 1
+            continue
+        if e.return_ == x.return_:
+            stats["same_return"] = stats.get("same_return", 0) + 1
+            continue
+        win, lose = (e, x) if e.return_ > x.return_ else (x, e)
+        if not _keep_loser(lose, losers, stats):
+            continue
+        if truncate_k is not None:
+            lose = truncate_turns(lose, win.num_turns + truncate_k)
+        pairs.append(Pair(x.task_id, win, lose, {
+            "kind": "trajectory", "chosen_return": win.return_, "rejected_return": lose.return_,
+            "chosen_source": win.source, "rejected_source": lose.source, "losers": losers}))
+    stats["pairs"] = stats.get("pairs", 0) + len(pairs)
+    return pairs
+
+
+def _prefix_matches(a: Trajectory, b: Trajectory, turns: int) -> bool:
+    """Do ``a`` and ``b`` hold the same messages up to (not including) agent turn ``turns``?"""
+    ma, mb = truncate_turns(a, turns).messages, truncate_turns(b, turns).messages
+    return len(ma) == len(mb) and all(x.role == y.role and x.content == y.content for x, y in zip(ma, mb, strict=True))
+
+
+def step_pairs(
+    experts: Sequence[Trajectory],
+    explored: Sequence[Trajectory],
+    *,
+    losers: LoserSetting = "noisy",
+    stats: dict[str, int] | None = None,
+) -> list[Pair]:
+    """ETO's step-wise pairs (see the module docstring)."""
+    stats = stats if stats is not None else {}
+    expert_of = {t.task_id: t for t in experts}
+    pairs: list[Pair] = []
+    for x in explored:
+        t = int(x.meta.get("expert_turns", 0) or 0)
+        if t <= 0:
+            continue
+        e = expert_of.get(x.task_id)
+        if e is None or e.num_turns <= t or x.num_turns <= t:
+            stats["no_step"] = stats.get("no_step", 0) + 1
+            continue
+        if not _prefix_matches(e, x, t):
+            stats["prefix_mismatch"] = stats.get("prefix_mismatch", 0) + 1
+            continue
+        if e.return_ == x.return_ or e.actions[t] == x.actions[t]:
+            stats["same_return"] = stats.get("same_return", 0) + 1
+            continue
+        win, lose = (e, x) if e.return_ > x.return_ else (x, e)
+        if not _keep_loser(truncate_turns(lose, t + 1), losers, stats):
+            continue
+        pairs.append(Pair(x.task_id, truncate_turns(win, t + 1), truncate_turns(lose, t + 1), {
+            "kind": "step", "train_from_turn": t, "chosen_return": win.return_,
+            "rejected_return": lose.return_, "losers": losers}))
+    stats["pairs"] = stats.get("pairs", 0) + len(pairs)
+    return pairs
+
+
+def self_play_pairs(
+    samples: Sequence[Trajectory],
+    *,
+    losers: LoserSetting = "noisy",
+    stats: dict[str, int] | None = None,
+) -> list[Pair]:
+    """Best against worst of each task's own samples when their returns differ."""
+    stats = stats if stats is not None else {}
+    pairs: list[Pair] = []
+    for task, group in _by_task(samples).items():
+        ranked = sorted(group, key=lambda t: t.return_)
+        worst, best = ranked[0], ranked[-1]
+        if best.return_ == worst.return_:
+            stats["same_return"] = stats.get("same_return", 0) + 1
+            continue
+        if not _keep_loser(worst, losers, stats):
+            continue
+        pairs.append(Pair(task, best, worst, {"kind": "self_play", "chosen_return": best.return_,
+                                              "rejected_return": worst.return_, "losers": losers}))
+    stats["pairs"] = stats.get("pairs", 0) + len(pairs)
+    return pairs
+
+
+class RewardOracle:
+    """``P(y_i > y_j) = sigmoid((r_i - r_j) / tau)``, exactly 1/2 on ties; any env with rewards."""
+
+    name = "env_reward"
+
+    def __init__(self, tau: float = 1.0):
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0 (got {tau})")
+        self.tau = tau
+
+    def __call__(self, task_id: str, a: Trajectory, b: Trajectory) -> float:
+        d = (a.return_ - b.return_) / self.tau
+        if d == 0:
+            return 0.5
+        return 1.0 / (1.0 + math.exp(-d)) if d > -700 else 0.0
+
+
+def scored_samples(samples: Sequence[Trajectory], *, tau: float = 1.0) -> list[Trajectory]:
+    """Each sample with ``meta["win_rate"] = (1/K) sum_k P(y_i > y_k)`` over its task's K samples
+    (the sample itself included, as in SPPO, contributing 1/2)."""
+    oracle = RewardOracle(tau)
+    out: list[Trajectory] = []
+    for task, group in _by_task(samples).items():
+        k = len(group)
+        for y in group:
+            p = sum(oracle(task, y, other) for other in group) / k
+            out.append(replace(y, meta={**y.meta, "win_rate": p, "group_size": k, "oracle": oracle.name,
+                                        "tau": tau}))
+    return out

@@ -1,0 +1,362 @@
+"""Slow environments in parallel: env worker processes and a threaded lock-step sampler.
+
+Two pieces that compose with the lock-step :class:`~turnrl.rollout.sampler.Sampler`:
+
+- :class:`ProcessEnv` runs one env in a worker process and forwards the contract
+  (``reset``, ``step``, ``expert``, ``instruction``, ``task_ids``, ``valid_actions``,
+  ``max_turns``) over a pipe. A worker that dies or does not answer within ``timeout``
+  (``start_timeout`` while it starts) is killed: a ``step`` then ends its episode as failed (truncated, ``success=False``,
+  ``info["outcome"] = "env_error"``, the reason in ``info["error"]``), and the next
+  ``reset`` starts a fresh worker (a failing ``reset`` is retried once). A crash in the env's
+  native code (a JVM, an interpreter) cannot take the collection down with it.
+- :class:`ThreadedSampler` is the lock-step sampler with the environment side run in
+  threads: after the one batched policy call of a round, every active episode is advanced
+  (reply parsed, env stepped) concurrently, and an episode that ends has the reset of the
+  next planned episode started right away in the same thread. Its results are the
+  :class:`Sampler`'s, episode for episode (same planning, same per-episode randomness; it
+  reuses the sampler's own ``_start`` / ``_act`` / ``_advance``); only the wall time
+  differs. Envs whose calls release the GIL run in parallel: :class:`ProcessEnv` (pipes),
+  ScienceWorld (each env has its own Java process), anything waiting on I/O.
+
+Use them together for slow envs::
+
+    make_env = worker_factory("scienceworld", {"task_names": "boil"})
+    sampler = ThreadedSampler(make_env, ExpertPolicy(), env_name="scienceworld", num_envs=16)
+    trajectories = sampler.run(plan_episodes(probe_env, "seen", 64), on_episode=writer.write)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing as mp
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from turnrl.envs.base import ExpertStep, TextEnv
+from turnrl.errors import TurnRLError
+
+
+class WorkerFailure(Exception):
+    """The worker process died or did not answer in time."""
+
+
+def _build(env_name: str | None, env_opts: dict[str, Any], factory: Callable[..., TextEnv] | None) -> TextEnv:
+    if factory is not None:
+        return factory(**env_opts)
+    from turnrl import envs
+
+    assert env_name is not None
+    return envs.make(env_name, **env_opts)
+
+
+def _snapshot(env: TextEnv) -> dict[str, Any]:
+    """What the proxy caches after each reset / step."""
+    try:
+        instruction = env.instruction
+    except Exception:
+        instruction = ""
+    return {"instruction": instruction, "max_turns": env.max_turns, "valid_actions": env.valid_actions()}
+
+
+def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
+           factory: Callable[..., TextEnv] | None) -> None:  # pragma: no cover - runs in the worker
+    env = None
+    try:
+        env = _build(env_name, env_opts, factory)
+        conn.send(("ok", None))
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            if op == "reset":
+                out: Any = (*env.reset(**args), _snapshot(env))
+            elif op == "step":
+                out = (*env.step(args), _snapshot(env))
+            elif op == "expert":
+                rng = random.Random()
+                rng.setstate(args)
+                out = (env.expert(rng), rng.getstate())
+            elif op == "task_ids":
+                out = env.task_ids(args)
+            elif op == "attr":
+                out = getattr(env, args)
+            elif op == "close":
+                env.close()
+                conn.send(("ok", None))
+                break
+            else:
+                raise ValueError(f"unknown operation {op!r}")
+            conn.send(("ok", out))
+        except TurnRLError as e:
+            conn.send(("user_error", str(e)))
+        except Exception as e:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class ProcessEnv(TextEnv):
+    """A registered env (or ``factory(**env_opts)``) run in a worker process (see module doc)."""
+
+    def __init__(self, env_name: str | None = None, env_opts: dict[str, Any] | None = None, *,
+                 factory: Callable[..., TextEnv] | None = None, timeout: float = 600.0,
+                 start_timeout: float = 300.0, start_method: str = "spawn") -> None:
+        if (env_name is None) == (factory is None):
+            raise TurnRLError("ProcessEnv: give exactly one of env_name and factory")
+        self.env_name = env_name
+        self.env_opts = dict(env_opts or {})
+        self.factory = factory
+        self.timeout = float(timeout)
+        self.start_timeout = float(start_timeout)
+        self._ctx: Any = mp.get_context(start_method)
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self._cache: dict[str, Any] = {"instruction": "", "max_turns": 50, "valid_actions": None}
+        self._task_ids: dict[str, list[str]] = {}
+        self._task_id = ""
+        self._failed: str | None = None
+        self.restarts = 0
+        try:
+            self._ensure()
+        except WorkerFailure as e:
+            raise TurnRLError(f"env worker could not start: {e}") from None
+        self.max_turns = int(self._cache["max_turns"])
+
+    # -- contract ------------------------------------------------------------------------
+
+    @property
+    def instruction(self) -> str:
+        return str(self._cache["instruction"])
+
+    def task_ids(self, split: str) -> list[str]:
+        if split not in self._task_ids:
+            self._task_ids[split] = list(self._call("task_ids", split))
+        return list(self._task_ids[split])
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        self._failed = None
+        args = {"seed": seed, "options": options}
+        for attempt in (1, 2):
+            try:
+                obs, info, snap = self._call("reset", args)
+                break
+            except WorkerFailure as e:
+                if attempt == 2:
+                    raise TurnRLError(f"env worker failed twice at reset: {e}") from None
+        self._update(snap)
+        self._task_id = str(info.get("task_id", ""))
+        return obs, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._failed is None:
+            try:
+                obs, reward, terminated, truncated, info, snap = self._call("step", action)
+                self._update(snap)
+                return obs, reward, terminated, truncated, info
+            except WorkerFailure as e:
+                self._failed = str(e)
+        info = {"task_id": self._task_id, "won": False, "success": False, "outcome": "env_error",
+                "error": self._failed, "valid_actions": []}
+        self._cache["valid_actions"] = []
+        return f"The environment failed: {self._failed}. The episode ends.", 0.0, False, True, info
+
+    def valid_actions(self) -> list[str] | None:
+        acts = self._cache["valid_actions"]
+        return None if acts is None else list(acts)
+
+    def expert(self, rng: random.Random) -> ExpertStep:
+        if self._failed is None:
+            try:
+                step, state = self._call("expert", rng.getstate())
+                rng.setstate(state)
+                return step
+            except WorkerFailure as e:
+                self._failed = str(e)
+        return ExpertStep("look", "The environment failed; the episode will end.")
+
+    def close(self) -> None:
+        if self._conn is not None and self._alive():
+            try:
+                self._call("close", None, timeout=10.0)
+            except (WorkerFailure, TurnRLError):
+                pass
+        self._kill()
+
+    # -- extras ------------------------------------------------------------------------
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._alive() else None
+
+    def remote(self, attribute: str) -> Any:
+        """An attribute of the env inside the worker (``proxy.remote("java_pid")``)."""
+        return self._call("attr", attribute)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def _ensure(self) -> None:
+        if self._alive() and self._conn is not None:
+            return
+        if self._proc is not None:
+            self._kill()
+            self.restarts += 1
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child, self.env_name, self.env_opts, self.factory),
+                                 daemon=True)
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        status, payload = self._receive(self.start_timeout, "starting the worker")
+        if status != "ok":
+            self._kill()
+            raise TurnRLError(f"env worker could not build the env: {payload}")
+        self._cache["max_turns"] = self._call("attr", "max_turns", timeout=self.start_timeout)
+
+    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
+        assert self._conn is not None
+        try:
+            if not self._conn.poll(timeout):
+                self._kill()
+                raise WorkerFailure(f"{what} timed out after {timeout:g} s")
+            return self._conn.recv()
+        except (EOFError, OSError, ConnectionError) as e:
+            code = self._proc.exitcode if self._proc is not None else None
+            self._kill()
+            raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
+
+    def _call(self, op: str, args: Any, timeout: float | None = None) -> Any:
+        if op in ("step", "expert") and not (self._alive() and self._conn is not None):
+            # mid-episode: a fresh worker would not hold the episode, so this one fails
+            code = self._proc.exitcode if self._proc is not None else None
+            self._kill()
+            raise WorkerFailure(f"the worker process died before {op} (exit code {code})")
+        self._ensure()
+        assert self._conn is not None
+        try:
+            self._conn.send((op, args))
+        except (OSError, ConnectionError) as e:
+            self._kill()
+            raise WorkerFailure(f"the worker process died before {op}") from e
+        status, payload = self._receive(timeout or self.timeout, op)
+        if status == "user_error":
+            raise TurnRLError(payload)
+        if status == "error":
+            raise TurnRLError(f"env worker: {op} raised {payload}")
+        return payload
+
+    def _update(self, snap: dict[str, Any]) -> None:
+        self._cache.update(snap)
+        self.max_turns = int(snap["max_turns"])
+
+    def _kill(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=10)
+
+
+def worker_factory(env_name: str, env_opts: dict[str, Any] | None = None, *, timeout: float = 600.0
+                   ) -> Callable[[], ProcessEnv]:
+    """A ``make_env`` for samplers: each call starts one :class:`ProcessEnv`."""
+    opts = dict(env_opts or {})
+    return lambda: ProcessEnv(env_name, opts, timeout=timeout)
+
+
+_THREADED: type | None = None
+
+
+def _threaded_sampler_class() -> type:
+    """Build :class:`ThreadedSampler` on first use: it subclasses the rollout sampler, whose
+    package imports torch, which the worker processes (importing this module) do not need."""
+    from turnrl.data.schema import Trajectory
+    from turnrl.rollout.sampler import EpisodeSpec, Sampler, _Slot
+
+    class ThreadedSampler(Sampler):
+        """The lock-step sampler with env steps and resets run in threads (see module doc)."""
+
+        def __init__(self, *args: Any, threads: int | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._pool = ThreadPoolExecutor(max_workers=threads or self.num_envs, thread_name_prefix="env")
+            self._queue: deque[EpisodeSpec] = deque()
+            self._advanced: dict[int, Trajectory | None] = {}
+            self._prefetched: dict[tuple[int, int], _Slot] = {}
+
+        def close(self) -> None:
+            super().close()
+            self._pool.shutdown(wait=True)
+
+        def run(self, specs: Iterable[EpisodeSpec], *,
+                on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+            specs = list(specs)
+            self._queue = deque(specs)
+            n = min(self.num_envs, len(specs))
+            while len(self._envs) < n:
+                self._envs.append(self.make_env())
+            self._prefetch(list(zip(self._envs[:n], specs[:n], strict=True)))  # first resets, in parallel
+            try:
+                return super().run(specs, on_episode=on_episode)
+            finally:
+                self._advanced.clear()
+                self._prefetched.clear()
+
+        def _prefetch(self, pairs: Sequence[tuple[TextEnv, EpisodeSpec]]) -> None:
+            """Reset ``env`` for ``spec`` in a thread, into a shadow slot :meth:`_start` copies."""
+
+            def start(env: TextEnv, spec: EpisodeSpec) -> _Slot:
+                shadow = _Slot(env)
+                Sampler._start(self, shadow, spec)
+                return shadow
+
+            futures = [((id(env), spec.index), self._pool.submit(start, env, spec)) for env, spec in pairs]
+            for key, future in futures:
+                self._prefetched[key] = future.result()
+
+        def _start(self, slot: _Slot, spec: EpisodeSpec) -> None:
+            if self._queue and self._queue[0] is spec:
+                self._queue.popleft()
+            shadow = self._prefetched.pop((id(slot.env), spec.index), None)
+            if shadow is None:
+                super()._start(slot, spec)
+                return
+            for f in dataclasses.fields(_Slot):
+                setattr(slot, f.name, getattr(shadow, f.name))
+
+        def _act(self, active: Sequence[_Slot], requests: Sequence[Any]) -> list[Any]:
+            replies = super()._act(active, requests)
+            results = list(self._pool.map(lambda pair: Sampler._advance(self, *pair), zip(active, replies, strict=True)))
+            for slot, result in zip(active, results, strict=True):
+                self._advanced[id(slot)] = result
+            finished = [slot for slot, result in zip(active, results, strict=True) if result is not None]
+            upcoming = list(itertools.islice(self._queue, len(finished)))
+            self._prefetch([(slot.env, spec) for slot, spec in zip(finished, upcoming, strict=False)])
+            return replies
+
+        def _advance(self, slot: _Slot, reply: Any) -> Trajectory | None:
+            if id(slot) in self._advanced:
+                return self._advanced.pop(id(slot))
+            return super()._advance(slot, reply)
+
+    return ThreadedSampler
+
+
+def __getattr__(name: str) -> Any:
+    global _THREADED
+    if name == "ThreadedSampler":
+        if _THREADED is None:
+            _THREADED = _threaded_sampler_class()
+        return _THREADED
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,295 @@
+"""Scripted bandit algorithms and policies, the load_policy hook, collection, exploration aids."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from turnrl import envs
+from turnrl.agent.prompting import PromptConfig
+from turnrl.bandits.aids import (
+    EpsilonGreedyAid,
+    SelfConsistencyAid,
+    TryAllAid,
+    aid_env_options,
+    parse_aid,
+    with_aids,
+)
+from turnrl.bandits.algorithms import (
+    EpsilonGreedy,
+    Greedy,
+    LinUCB,
+    Setting,
+    Thompson,
+    argmax_sets,
+    make_algorithm,
+    ucb_values,
+)
+from turnrl.bandits.policies import ScriptedBanditPolicy
+from turnrl.bandits.rationale import format_values, parse_values
+from turnrl.bandits.simulate import simulate
+from turnrl.collect import run_policy
+from turnrl.errors import TurnRLError
+from turnrl.rollout import RandomPolicy, Reply, Request, load_policy
+
+PAPER = PromptConfig(history=0)
+
+# --------------------------------------------------------------------------- algorithms
+
+
+def test_ucb_values_by_hand() -> None:
+    vals = ucb_values(np.array([[2.0, 1.0, 0.0]]), np.array([[1.0, 0.5, 0.0]]), c=2.0)[0]
+    assert vals[0] == pytest.approx(0.5 + 2 * math.sqrt(math.log(3) / 2))
+    assert vals[1] == pytest.approx(0.5 + 2 * math.sqrt(math.log(3)))
+    assert math.isinf(vals[2])
+    assert argmax_sets(np.array([[1.0, math.inf, math.inf]])).tolist() == [[False, True, True]]
+    assert argmax_sets(np.array([[1.0, 1.005, 0.2]]), tol=0.01).tolist() == [[True, True, False]]
+
+
+def test_thompson_posterior_by_hand() -> None:
+    algo = Thompson()  # prior N(0.5, 1), known sigma
+    state = algo.init(1, Setting(arms=2, sigma=2.0))
+    algo.update(state, np.array([0]), np.array([3.0]))
+    mean, std = algo.posterior(state)
+    prec = 1.0 + 1.0 / 4.0
+    assert mean[0, 0] == pytest.approx((0.5 + 3.0 / 4.0) / prec) and std[0, 0] == pytest.approx(prec**-0.5)
+    assert mean[0, 1] == pytest.approx(0.5) and std[0, 1] == pytest.approx(1.0)
+    bern = algo.init(1, Setting(arms=1, dist="bernoulli"))
+    for r in (1.0, 1.0, 0.0):
+        algo.update(bern, np.array([0]), np.array([r]))
+    assert algo.posterior(bern)[0][0, 0] == pytest.approx(3 / 5)  # Beta(3, 2)
+    p = algo.probs(state)
+    assert p.sum() == pytest.approx(1.0) and p[0, 0] > 0.5
+
+
+def test_linucb_is_ridge_regression_with_a_bonus() -> None:
+    rng = np.random.default_rng(0)
+    algo = LinUCB(alpha=0.7, lam=2.0)
+    state = algo.init(1, Setting(arms=2, dim=3))
+    xs, rs = rng.normal(size=(15, 3)), rng.normal(size=15)
+    for x, r in zip(xs, rs, strict=True):
+        algo.update(state, np.array([1]), np.array([r]), x[None])
+    x = rng.normal(size=3)
+    a = 2.0 * np.eye(3) + xs.T @ xs
+    theta = np.linalg.solve(a, xs.T @ rs)
+    want = theta @ x + 0.7 * math.sqrt(x @ np.linalg.solve(a, x))
+    assert algo.scores(state, x[None])[0, 1] == pytest.approx(want, rel=1e-9)
+    assert algo.scores(state, x[None])[0, 0] == pytest.approx(0.7 * math.sqrt(x @ x / 2.0))
+
+
+def test_epsilon_greedy_distribution() -> None:
+    algo = EpsilonGreedy(eps=0.2)
+    state = algo.init(1, Setting(arms=4))
+    algo.update(state, np.array([2]), np.array([1.0]))
+    assert algo.probs(state)[0].tolist() == pytest.approx([0.05, 0.05, 0.85, 0.05])
+    g = Greedy()
+    assert g.probs(state)[0].tolist() == [0.0, 0.0, 1.0, 0.0]  # untried arms are never explored
+    assert Greedy(init=2.0).probs(state)[0].tolist() == pytest.approx([1 / 3, 1 / 3, 0.0, 1 / 3])
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("ucbb", "unknown bandit policy 'ucbb' (did you mean 'ucb'?)"),
+        ("ucb:d=2", "unknown parameter 'd'; choose from: c"),
+        ("ucb:c=abc", "c must be a number (got 'abc')"),
+        ("ucb:c=-1", "c must be >= 0 (got -1.0)"),
+        ("epsilon-greedy:eps=1.5", "eps must be in [0, 1] (got 1.5)"),
+        ("linucb:lam=0", "lam must be > 0"),
+        ("ucb:c", "expected key=value"),
+    ],
+)
+def test_bad_specs_are_one_line_errors(spec: str, needle: str) -> None:
+    with pytest.raises(TurnRLError) as e:
+        make_algorithm(spec)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_specs_round_trip() -> None:
+    assert make_algorithm("ucb:c=2").c == 2.0 and make_algorithm("ucb:c=2").spec == "ucb:c=2"
+    assert make_algorithm("eps-greedy:eps=0.3").spec == "epsilon-greedy:eps=0.3"
+    assert make_algorithm("greedy").spec == "greedy" and make_algorithm("greedy:init=0").spec == "greedy:init=0"
+    assert make_algorithm("ts").name == "thompson"
+
+
+# ---------------------------------------------------------------------- load_policy hook
+
+
+@pytest.mark.parametrize(
+    ("spec", "cls", "param"),
+    [("ucb", "UCB", None), ("ucb:c=2", "UCB", ("c", 2.0)), ("linucb", "LinUCB", None),
+     ("thompson", "Thompson", None), ("epsilon-greedy:eps=0.1", "EpsilonGreedy", ("eps", 0.1)),
+     ("greedy", "Greedy", None), ("uniform", "RandomAlgo", None)],
+)
+def test_load_policy_resolves_scripted_specs(spec: str, cls: str, param) -> None:
+    pol = load_policy(spec)
+    assert isinstance(pol, ScriptedBanditPolicy) and type(pol.algo).__name__ == cls
+    if param:
+        assert pol.algo.params[param[0]] == param[1]
+    assert isinstance(load_policy("random"), RandomPolicy)
+
+
+def replay_ucb_check(trajs, c: float, arms: int) -> int:
+    """Every action of a UCB trajectory maximises the UCB values of its history, and the
+    rationale states those values. Returns the number of checked steps."""
+    checked = 0
+    env = envs.make("bandit", arms=arms, horizon=len(trajs[0].rewards))
+    for t in trajs:
+        env.reset(options={"task_id": t.task_id})
+        counts, sums = np.zeros(arms), np.zeros(arms)
+        for msg in (m for m in t.messages if m.role == "assistant"):
+            want = ucb_values(counts[None], sums[None], c)[0]
+            stated = parse_values(msg.content, env.labels)
+            assert np.allclose(np.where(np.isinf(want), 1e9, want), np.where(np.isinf(stated), 1e9, stated),
+                               atol=0.006)
+            assert msg.content.splitlines()[-1] == f"ACTION={msg.action}"
+            arm = env.labels.index(msg.action)
+            assert argmax_sets(want[None])[0, arm]
+            _, r, *_ = env.step(msg.action)
+            counts[arm] += 1
+            sums[arm] += r
+            checked += 1
+    return checked
+
+
+def test_ucb_through_the_sampler_follows_its_rule() -> None:
+    trajs = run_policy(load_policy("ucb:c=2"), "bandit", split="train", episodes=6, num_envs=4,
+                       env_opts={"arms": 5, "horizon": 25}, prompt=PAPER)
+    assert replay_ucb_check(trajs, 2.0, 5) == 150
+    assert all(m.valid for t in trajs for m in t.messages if m.role == "assistant")
+
+
+def test_the_simulation_follows_the_same_rule_and_table() -> None:
+    env = envs.make("bandit", arms=5, horizon=30)
+    inst = env.instances(env.task_ids("seen")[:16])
+    run = simulate(make_algorithm("ucb"), inst, seed=3)
+    for i in range(16):
+        counts, sums = np.zeros(5), np.zeros(5)
+        for t in range(30):
+            a = run.arms[i, t]
+            assert argmax_sets(ucb_values(counts[None], sums[None], 1.0))[0, a]
+            assert run.rewards[i, t] == inst.rewards[i, t, a]
+            counts[a] += 1
+            sums[a] += run.rewards[i, t]
+
+
+@pytest.mark.parametrize("spec", ["thompson", "epsilon-greedy:eps=0.5", "greedy", "linucb"])
+def test_other_scripted_policies_play_valid_actions(spec: str) -> None:
+    trajs = run_policy(load_policy(spec), "bandit", split="seen", episodes=4, num_envs=2,
+                       env_opts={"arms": 4, "horizon": 16}, prompt=PAPER)
+    turns = [m for t in trajs for m in t.messages if m.role == "assistant"]
+    assert len(turns) == 64 and all(m.valid and m.content.startswith("UCB values: ") for m in turns)
+    if spec.startswith("epsilon"):
+        explored = sum("I explore" in m.content for m in turns)
+        assert 16 <= explored <= 48  # eps = 0.5 of 64 steps
+    if spec == "greedy":  # commits to its first arm
+        assert all(len(set(t.actions)) == 1 for t in trajs)
+
+
+def test_linucb_on_the_contextual_bandit_and_collections_are_reproducible() -> None:
+    kw = {"split": "train", "episodes": 6, "env_opts": {"items": 3, "horizon": 8}, "prompt": PAPER}
+    a = run_policy(load_policy("linucb"), "contextual_bandit", num_envs=1, **kw)
+    b = run_policy(load_policy("linucb"), "contextual_bandit", num_envs=5, **kw)
+    assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
+    assert all(m.content.startswith("LinUCB values: ") for t in a for m in t.messages if m.role == "assistant")
+
+
+def test_scripted_policy_refuses_other_envs() -> None:
+    with pytest.raises(TurnRLError, match="needs a bandit env"):
+        run_policy(load_policy("ucb"), "tictactoe", episodes=1)
+
+
+def test_collect_writes_thought_cloning_data(tmp_path: Path, capsys) -> None:
+    from turnrl.cli import main
+
+    out = tmp_path / "ucb.jsonl"
+    with pytest.raises(SystemExit) as e:
+        main(["collect", "--env", "bandit", "--policy", "ucb:c=2", "--out", str(out), "--episodes", "3",
+              "--history", "0", "--env-opt", "arms=3", "--env-opt", "horizon=5"])
+        raise SystemExit(0)
+    assert e.value.code in (0, None), capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and rows[0]["meta"]["policy"] == "ucb:c=2"
+    first = rows[0]["messages"][2]["content"]
+    assert first.startswith("UCB values: blue=inf, green=inf, red=inf.") and "\nACTION=" in first
+
+
+def test_format_and_parse_values() -> None:
+    text = format_values(["blue", "green", "red"], [1.234, math.inf, -0.3])
+    assert text == "UCB values: blue=1.23, green=inf, red=-0.30"
+    assert parse_values(f"Thought: {text}. Pick green.\nACTION=green", ["blue", "green", "red"]).tolist() == \
+        [1.23, math.inf, -0.3]
+    two = "ucb values: blue=9\nlater: UCB values: Blue=0.5, purple=3, red = 2"
+    got = parse_values(two, ["blue", "green", "red"])
+    assert got[0] == 0.5 and math.isnan(got[1]) and got[2] == 2.0
+    assert np.isnan(parse_values("no block here ACTION=blue", ["blue"])).all()
+
+
+# ----------------------------------------------------------------------------- aids
+
+
+class Stub:
+    """A policy that answers ``ACTION=<fixed>`` (or cycles answers) and counts calls."""
+
+    name = "stub"
+
+    def __init__(self, answers: Sequence[str]):
+        self.answers = list(answers)
+        self.calls = 0
+        self.seen = 0
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        self.calls += 1
+        out = []
+        for _ in requests:
+            out.append(Reply(f"because\nACTION={self.answers[self.seen % len(self.answers)]}"))
+            self.seen += 1
+        return out
+
+
+def test_try_all_tries_every_arm_first() -> None:
+    stub = Stub(["blue"])
+    trajs = run_policy(TryAllAid(stub), "bandit", split="train", episodes=4, num_envs=4,
+                       env_opts={"arms": 5, "horizon": 9}, prompt=PAPER)
+    for t in trajs:
+        assert sorted(t.actions[:5]) == sorted(envs.make("bandit", arms=5).labels)  # type: ignore[type-var]
+        assert t.actions[5:] == ["blue"] * 4
+    assert stub.calls == 4  # the model is asked only once every arm was tried, one call per step
+
+
+def test_epsilon_greedy_aid_extremes() -> None:
+    stub = Stub(["red"])
+    trajs = run_policy(EpsilonGreedyAid(stub, eps=1.0), "bandit", episodes=2, env_opts={"arms": 3, "horizon": 5},
+                       prompt=PAPER)
+    assert stub.calls == 0 and all("I explore" in m.content for t in trajs for m in t.messages
+                                   if m.role == "assistant")
+    trajs = run_policy(EpsilonGreedyAid(stub, eps=0.0), "bandit", episodes=2, env_opts={"arms": 3, "horizon": 5},
+                       prompt=PAPER)
+    assert all(a == "red" for t in trajs for a in t.actions)
+    with pytest.raises(TurnRLError, match="eps must be in"):
+        EpsilonGreedyAid(stub, eps=2.0)
+
+
+def test_self_consistency_takes_the_majority_in_one_call() -> None:
+    stub = Stub(["red", "blue", "red", "nonsense", "green"])
+    policy = SelfConsistencyAid(stub, k=5)
+    trajs = run_policy(policy, "bandit", episodes=1, env_opts={"arms": 3, "horizon": 3}, prompt=PAPER)
+    assert trajs[0].actions == ["red", "red", "red"]
+    assert stub.calls == 3  # one batched call of k samples per step
+
+
+def test_aid_specs() -> None:
+    assert parse_aid("epsilon-greedy:eps=0.2") == ("epsilon-greedy", {"eps": 0.2})
+    assert aid_env_options(["summary", "randomize", "try-all"]) == {"summary": True, "randomize_labels": True}
+    wrapped = with_aids(Stub(["blue"]), ["try-all", "self-consistency:k=3", "epsilon-greedy"])
+    assert isinstance(wrapped, TryAllAid) and isinstance(wrapped.inner, EpsilonGreedyAid)
+    assert isinstance(wrapped.inner.inner, SelfConsistencyAid) and wrapped.inner.inner.k == 3
+    for bad, needle in (("tryall", "did you mean 'try-all'"), ("try-all:k=2", "unknown parameter 'k'"),
+                        ("self-consistency:k=x", "k must be a number")):
+        with pytest.raises(TurnRLError, match=needle):
+            parse_aid(bad)

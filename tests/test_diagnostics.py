@@ -1,0 +1,261 @@
+"""Bandit diagnostics: metrics by hand, the batched frequency-bias scorer, end-to-end runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from turnrl import envs
+from turnrl.bandits.algorithms import Setting
+from turnrl.bandits.simulate import Instances, Run, coverage, cumulative_regret
+from turnrl.cli import main
+from turnrl.diagnostics.bandit import (
+    DiagnoseConfig,
+    FBContext,
+    ModelScorer,
+    PolicyRun,
+    classify_context,
+    diagnose,
+    entropy,
+    fb_contexts,
+    frequency_bias,
+    knowing_doing,
+)
+
+INF = math.inf
+NAN = math.nan
+
+
+def hand_run() -> PolicyRun:
+    """One 3-arm episode of 4 steps with stated UCB values (c = 1):
+
+    t=0: nothing tried; states all inf (correct); pulls arm 0 (optimal, all are inf)
+    t=1: truth [1.0, inf, inf]; states only arm 0 (incorrect); pulls arm 0 (greedy)
+    t=2: truth [1.09, inf, inf]; states arm 1 highest (correct); pulls arm 1 (optimal)
+    t=3: truth [1.24, 3.05, inf]; states nothing (incorrect); pulls arm 0 (other)
+    """
+    mu = np.broadcast_to(np.array([0.1, 0.5, 0.9]), (1, 4, 3)).copy()
+    inst = Instances(["x"], mu, mu.copy(), None, Setting(arms=3))
+    reported = np.array([[[INF, INF, INF], [1.0, NAN, NAN], [1.09, INF, 0.3], [NAN, NAN, NAN]]])
+    run = Run(inst, np.array([[0, 0, 1, 0]]), np.array([[1.0, 0.0, 2.0, 0.5]]), reported)
+    return PolicyRun("hand", "model", run, 1)
+
+
+def test_regret_and_coverage_by_hand() -> None:
+    run = hand_run().run
+    assert cumulative_regret(run)[0].tolist() == pytest.approx([0.8, 1.6, 2.0, 2.8])
+    assert coverage(run)[0].tolist() == pytest.approx([1 / 3, 1 / 3, 2 / 3, 2 / 3])
+
+
+def test_knowing_doing_by_hand() -> None:
+    kd = knowing_doing(hand_run(), c=1.0)
+    assert kd["table_pct"] == {
+        "correct": {"optimal": 50.0, "greedy": 0.0, "other": 0.0},
+        "incorrect": {"optimal": 0.0, "greedy": 25.0, "other": 25.0},
+    }
+    assert kd["rationale_correct_pct"] == 50.0 and kd["values_stated_pct"] == 75.0
+    assert kd["actions_pct"] == {"optimal": 50.0, "greedy": 25.0, "other": 25.0} and kd["steps"] == 4
+
+
+def test_frequency_bias_shares_by_hand() -> None:
+    assert classify_context([(0, 1.0), (1, 0.0), (1, 0.0)], 3) == (1, 0)
+    assert classify_context([(0, 1.0), (0, 1.0), (2, 0.0), (2, 0.0), (1, 5.0)], 3) == (0, 1)
+    p = np.array([0.2, 0.7, 0.1])
+    assert entropy(p) == pytest.approx(-(0.2 * math.log(0.2) + 0.7 * math.log(0.7) + 0.1 * math.log(0.1)))
+    ctxs = [FBContext(0, 0, ((0, 1.0), (1, 0.0), (1, 0.0))), FBContext(0, 10, ((0, 1.0),) + ((1, 0.0),) * 11)]
+    fb = frequency_bias(ctxs, np.array([p, [0.0, 1.0, 0.0]]), 3, max_repeats=10)
+    assert fb["repetitions"] == [0, 10]
+    assert fb["shares"] == {"0": [0.7, 0.2, 0.1], "10": [1.0, 0.0, 0.0]}
+    assert fb["buckets"]["0-1"] == {"frequent": 0.7, "greedy": 0.2, "other": 0.1, "contexts": 1}
+    assert fb["entropy"][1] == 0.0 and fb["uniform_entropy"] == pytest.approx(math.log(3), abs=1e-4)
+
+
+def test_frequency_bias_contexts() -> None:
+    env = envs.make("bandit", arms=4)
+    ctxs = fb_contexts(env, env.task_ids("seen")[:3], prefixes=5, max_repeats=20, step=10, seed=1)
+    assert len(ctxs) == 5 * 3 and sorted({c.repeats for c in ctxs}) == [0, 10, 20]
+    for j in range(5):
+        group = [c for c in ctxs if c.prefix == j]
+        base = group[0].history
+        assert 2 <= len(base) <= 10
+        inst = env.instance(env.task_ids("seen")[j % 3], horizon=30)
+        for t, (a, r) in enumerate(group[-1].history):
+            assert r == inst.rewards[t, a]
+        for c in group:
+            assert c.history[: len(base)] == base and len(c.history) == len(base) + c.repeats
+            assert all(a == base[-1][0] for a, _ in c.history[len(base) :])
+
+
+def test_scorer_scores_all_actions_in_one_forward_pass(tiny_model, tiny_tokenizer) -> None:
+    import torch
+
+    env = envs.make("bandit", arms=3, horizon=12)
+    scorer = ModelScorer(tiny_model, tiny_tokenizer, env)
+    ctxs = fb_contexts(env, env.task_ids("seen")[:2], prefixes=2, max_repeats=2, step=1, seed=0)
+    calls = []
+    hook = tiny_model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        probs = scorer(ctxs)
+    finally:
+        hook.remove()
+    assert len(calls) == len(ctxs) == 6 and scorer.calls == 6
+    assert probs.shape == (6, 3) and np.allclose(probs.sum(axis=1), 1.0)
+    # the batched, padded pass equals scoring each action alone
+    c = ctxs[-1]
+    prompt = scorer.prompt(c.history)
+    alone = []
+    for lab in env.labels:
+        cont = scorer.chat.tokenize_text(f"ACTION={lab}")
+        with torch.no_grad():
+            logits = tiny_model(input_ids=torch.tensor([prompt + cont])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        alone.append(sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont)))
+    s = np.array(alone)
+    want = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    assert np.allclose(probs[-1], want, atol=1e-4)
+
+
+class FakeEngine:
+    """Writes a fixed reply (its tokens, then a stop token) for every prompt."""
+
+    def __init__(self, chat, text: str):
+        self.ids = chat.tokenize_text(text) + [chat.stop_token_ids[0]]
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, sampling):
+        from turnrl.rollout.engine import Generation
+
+        self.prompts.extend(list(p) for p in prompts)
+        return [Generation(list(self.ids), [0.0] * len(self.ids), True) for _ in prompts]
+
+
+@pytest.mark.parametrize("reply", ["UCB values: blue=inf. blue is untried.\nACTION=red", "no marker at all"])
+def test_scorer_after_the_rationale(tiny_model, tiny_tokenizer, reply: str) -> None:
+    import torch
+
+    env = envs.make("bandit", arms=3, horizon=20)
+    probe = ModelScorer(tiny_model, tiny_tokenizer, env)
+    engine = FakeEngine(probe.chat, reply)
+    scorer = ModelScorer(tiny_model, tiny_tokenizer, env, engine=engine)
+    ctxs = fb_contexts(env, env.task_ids("seen")[:1], prefixes=1, max_repeats=4, step=4, seed=0)
+    calls = []
+    hook = tiny_model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        probs = scorer(ctxs)
+    finally:
+        hook.remove()
+    assert len(calls) == scorer.calls == 2 and len(engine.prompts) == 2  # generation is the engine's
+    assert scorer.forced == (0 if "ACTION=" in reply else 2)
+    prefix = reply[: reply.index("ACTION=") + 7] if "ACTION=" in reply else None
+    prompt = scorer.prompt(ctxs[0].history)
+    if prefix is not None:
+        head = prompt + probe.chat.tokenize_text(prefix)
+    else:
+        head = prompt + probe.chat.tokenize_text(reply) + probe.chat.tokenize_text("\nACTION=")
+    alone = []
+    for lab in env.labels:
+        cont = probe.chat.tokenize_text(lab)
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny_model(input_ids=torch.tensor([head + cont])).logits[0].float(), dim=-1)
+        alone.append(sum(float(logp[len(head) - 1 + i, t]) for i, t in enumerate(cont)))
+    s = np.array(alone)
+    assert np.allclose(probs[0], np.exp(s - s.max()) / np.exp(s - s.max()).sum(), atol=1e-4)
+
+
+def check_outputs(out: Path, n_policies: int) -> dict:
+    data = json.loads((out / "diagnostics.json").read_text())
+    assert data["schema"] == "turnrl.diagnostics/v1" and len(data["policies"]) == n_policies
+    for png in ("regret.png", "coverage.png", "frequency_bias.png", "knowing_doing.png"):
+        assert (out / png).is_file() and 5_000 < (out / png).stat().st_size < 100_000
+    for rec in data["policies"]:
+        kd = rec["knowing_doing"]["table_pct"]
+        assert sum(kd[r][a] for r in kd for a in kd[r]) == pytest.approx(100.0, abs=0.05)
+        assert len(rec["regret"]["mean"]) == data["horizon"]
+    return data
+
+
+def test_diagnose_runs_end_to_end_on_the_untrained_tiny_model(tiny_dir: Path, tmp_path: Path) -> None:
+    cfg = DiagnoseConfig(env_opts={"arms": 3, "horizon": 3}, instances=2, max_new_tokens=8, fb_prefixes=2,
+                         fb_max_repeats=10, fb_step=5)
+    data = diagnose([str(tiny_dir), "ucb"], tmp_path / "d", cfg)
+    check_outputs(tmp_path / "d", 2)
+    model, ucb = data["policies"]
+    assert model["kind"] == "model" and ucb["kind"] == "scripted" and ucb["runs"] == 8
+    fb = model["frequency_bias"]
+    assert fb["forward_calls"] == fb["contexts"] == 6  # one batched forward per context
+    assert ucb["knowing_doing"]["table_pct"]["correct"]["optimal"] == 100.0
+    assert 0.0 <= model["invalid_action_rate"] <= 1.0
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
+    code, out, err = run_cli(["diagnose", "bandit", "--policy", "ucb", "--policy", "greedy", "--out",
+                              str(tmp_path / "d"), "--instances", "8", "--fb-prefixes", "2",
+                              "--fb-max-repeats", "10"], capsys)
+    assert code == 0, err
+    assert "ucb" in out and "diagnostics.json" in out
+    data = check_outputs(tmp_path / "d", 2)
+    assert data["comparisons"][0]["a"] == "ucb" and data["comparisons"][0]["b"] == "greedy"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--env-opt", "arms=0"], "bandit: arms must be an integer from 2 to 20 (got 0)"),
+        (["--env-opt", "noise=extreme"], "bandit: noise must be one of low, medium, high (got 'extreme')"),
+        (["--policy", "ucb:c=-1"], "c must be >= 0"),
+        (["--skip", "regret"], "unknown --skip 'regret'"),
+        (["--aid", "bogus"], "unknown aid 'bogus'"),
+        (["--split", "test"], "unknown split 'test'"),
+        (["--instances", "0"], "--instances must be >= 1"),
+        (["--env", "tictactoe"], "--env must be bandit or contextual_bandit"),
+    ],
+)
+def test_cli_errors_are_one_line(extra: list[str], needle: str, tmp_path: Path, capsys) -> None:
+    args = ["diagnose", "bandit", "--policy", "ucb", "--out", str(tmp_path / "d"), *extra]
+    code, _, err = run_cli(args, capsys)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "d" / "diagnostics.json").exists()
+
+
+def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path) -> None:
+    data = diagnose(["linucb", "random"], tmp_path / "cb", DiagnoseConfig(env="contextual_bandit", instances=8,
+                                                                        env_opts={"horizon": 20}))
+    assert data["plots"] == ["regret.png", "coverage.png"]
+    assert all("knowing_doing" not in r and "frequency_bias" not in r for r in data["policies"])
+
+
+@pytest.mark.smoke
+def test_sft_on_ucb_data_then_diagnose(tiny_dir: Path, tmp_path: Path) -> None:
+    """Collect UCB thought-cloning data, SFT the tiny model on it, diagnose both models."""
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.collect import run_policy
+    from turnrl.data.io import write_jsonl
+    from turnrl.rollout import load_policy
+    from turnrl.train.sft import SFTConfig, train_sft
+
+    opts = {"arms": 3, "horizon": 8}
+    data = tmp_path / "ucb.jsonl"
+    write_jsonl(data, run_policy(load_policy("ucb"), "bandit", split="train", episodes=96, env_opts=opts,
+                                 prompt=PromptConfig(history=0)))
+    res = train_sft(str(tiny_dir), data, tmp_path / "sft",
+                    SFTConfig(history=0, max_steps=100, batch_size=16, lr=3e-3, row_tokens=1024, warmup_ratio=0.05))
+    cfg = DiagnoseConfig(env_opts=opts, instances=8, max_new_tokens=48, fb_prefixes=2, fb_max_repeats=20,
+                         fb_step=10)
+    out = diagnose([str(tiny_dir), str(res.model_dir), "ucb"], tmp_path / "d", cfg)
+    check_outputs(tmp_path / "d", 3)
+    untrained, sft, _ = out["policies"]
+    assert sft["ucb_block_rate"] > 0.5 > untrained["ucb_block_rate"]
+    assert sft["invalid_action_rate"] < untrained["invalid_action_rate"]

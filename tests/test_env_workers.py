@@ -1,0 +1,182 @@
+"""Env worker processes and the threaded lock-step sampler."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnrl import envs
+from turnrl.data.io import JsonlWriter, read_trajectories
+from turnrl.envs.checker import check_env
+from turnrl.envs.scienceworld import available as scienceworld_available
+from turnrl.envs.workers import ProcessEnv, ThreadedSampler, worker_factory
+from turnrl.errors import TurnRLError
+from turnrl.rollout import ExpertPolicy
+from turnrl.rollout.policies import RandomPolicy, Reply, Request
+from turnrl.rollout.sampler import Sampler, plan_episodes
+
+
+def _dump(trajs: list[Any]) -> list[str]:
+    return [json.dumps(t.to_dict() if hasattr(t, "to_dict") else t.__dict__, sort_keys=True, default=str)
+            for t in trajs]
+
+
+@pytest.mark.parametrize(("name", "policy"), [("twenty_questions", ExpertPolicy()), ("shop", ExpertPolicy()),
+                                              ("tictactoe", RandomPolicy())])
+def test_threaded_sampler_gives_the_samplers_trajectories(name: str, policy: Any) -> None:
+    env = envs.make(name)
+    specs = plan_episodes(env, "seen", 13, seed=4)
+    plain = Sampler(lambda: envs.make(name), policy, env_name=name, num_envs=4)
+    threaded = ThreadedSampler(lambda: envs.make(name), policy, env_name=name, num_envs=4)
+    try:
+        seen: list[str] = []
+        a = plain.run(specs)
+        b = threaded.run(specs, on_episode=lambda t: seen.append(t.id))
+    finally:
+        plain.close()
+        threaded.close()
+    assert _dump(a) == _dump(b)
+    assert sorted(seen) == sorted(t.id for t in b)
+
+
+class SlowCounter(envs.TextEnv):
+    """Count to 3; every call sleeps (a stand-in for a slow simulator)."""
+
+    name = "slow_counter"
+    max_turns = 5
+
+    def __init__(self, delay: float = 0.05, crash_at: int = -1) -> None:
+        self.delay, self.crash_at = delay, crash_at
+        self.n, self.task = 0, "c0"
+
+    @property
+    def instruction(self) -> str:
+        return "Say +1 three times."
+
+    def task_ids(self, split: str) -> list[str]:
+        return [f"{split}-{k}" for k in range(20)]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        time.sleep(self.delay)
+        self.n, self.task = 0, (options or {}).get("task_id", "train-0")
+        return "at 0", {"task_id": self.task, "valid_actions": ["+1"]}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        time.sleep(self.delay)
+        self.n += 1
+        if self.n == self.crash_at:
+            os._exit(3)  # the process dies
+        done = self.n >= 3
+        info: dict = {"task_id": self.task, "valid_actions": [] if done else ["+1"]}
+        if done:
+            info["success"] = True
+        return f"at {self.n}", float(done), done, False, info
+
+    def expert(self, rng: random.Random) -> envs.ExpertStep:
+        rng.random()
+        return envs.ExpertStep("+1", "One more.")
+
+
+def slow_counter(**opts: Any) -> SlowCounter:
+    return SlowCounter(**opts)
+
+
+def test_process_env_keeps_the_contract() -> None:
+    env = ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0}, start_method="fork")
+    try:
+        assert check_env(env, episodes=2) == []
+        assert env.worker_pid not in (None, os.getpid()) and env.remote("delay") == 0.0
+        rng = random.Random(5)
+        env.reset(options={"task_id": "seen-3"})
+        env.expert(rng)
+        ref = random.Random(5)
+        ref.random()
+        assert rng.getstate() == ref.getstate()  # the worker's draws advance the caller's rng
+    finally:
+        env.close()
+    with pytest.raises(TurnRLError, match="give exactly one of env_name and factory"):
+        ProcessEnv()
+    bad = ProcessEnv("twenty_questions")
+    try:
+        with pytest.raises(TurnRLError, match="unknown task id"):
+            bad.reset(options={"task_id": "20q-nothing"})
+    finally:
+        bad.close()
+
+
+def test_threaded_sampler_with_process_envs() -> None:
+    specs = plan_episodes(SlowCounter(), "seen", 8)
+    sampler = ThreadedSampler(lambda: ProcessEnv(factory=slow_counter, env_opts={"delay": 0.01}, start_method="fork"), ExpertPolicy(),
+                              env_name="slow_counter", num_envs=4)
+    try:
+        trajs = sampler.run(specs)
+        again = sampler.run(specs)  # the same workers, reused
+    finally:
+        sampler.close()
+    assert [t.success for t in trajs] == [True] * 8 and [t.num_turns for t in trajs] == [3] * 8
+    assert _dump(trajs) == _dump(again)
+
+
+class KillWorker(ExpertPolicy):
+    def __init__(self, task: str) -> None:
+        self.task, self.killed = task, False
+
+    def act(self, requests: list[Request]) -> list[Reply]:  # type: ignore[override]
+        for r in requests:
+            if not self.killed and r.env._task_id == self.task and r.turn == 1:  # type: ignore[attr-defined]
+                os.kill(r.env.worker_pid, signal.SIGKILL)  # type: ignore[attr-defined]
+                self.killed = True
+        return super().act(requests)
+
+
+def test_a_dead_worker_fails_its_episode_and_the_collection_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "episodes.jsonl"
+    specs = plan_episodes(SlowCounter(), "seen", 6)
+    policy = KillWorker(specs[2].task_id)
+    sampler = ThreadedSampler(lambda: ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0}, timeout=20, start_method="fork"),
+                              policy, env_name="slow_counter", num_envs=3)
+    try:
+        with JsonlWriter(out, append=True) as writer:
+            trajs = sampler.run(specs, on_episode=writer.write)
+    finally:
+        sampler.close()
+    assert policy.killed and len(read_trajectories(out)) == 6
+    failed = [t for t in trajs if not t.success]
+    assert [t.task_id for t in failed] == [specs[2].task_id]
+    assert failed[0].meta["outcome"] == "env_error" and "worker process died" in failed[0].meta["final_observation"]
+
+
+def test_a_hung_worker_times_out() -> None:
+    env = ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0}, timeout=2, start_method="fork")
+    try:
+        env.reset(options={"task_id": "seen-0"})
+        os.kill(env.worker_pid or 0, signal.SIGSTOP)
+        obs, _, term, trunc, info = env.step("+1")
+        assert trunc and not term and "timed out after 2 s" in info["error"]
+        assert env.expert(random.Random(0)).action == "look"
+        obs, info = env.reset(options={"task_id": "seen-1"})
+        assert obs == "at 0" and env.restarts == 1
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not scienceworld_available(), reason="needs the scienceworld package and Java")
+def test_scienceworld_in_worker_processes(tmp_path: Path) -> None:
+    opts = {"task_names": "find-living-thing,find-plant", "gold_cache": False}
+    make = worker_factory("scienceworld", opts)
+    probe = envs.make("scienceworld", **opts)
+    specs = plan_episodes(probe, "unseen", 6)
+    sampler = ThreadedSampler(make, ExpertPolicy(), env_name="scienceworld", num_envs=3)
+    try:
+        trajs = sampler.run(specs)
+    finally:
+        sampler.close()
+    assert all(t.success and t.return_ == pytest.approx(1.0) for t in trajs)

@@ -1,0 +1,259 @@
+"""Preference data and training: shared-prefix packing, pair builders, DPO/DMPO/SPPO end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import one_line_error, run
+
+from turnrl.collect import run_policy
+from turnrl.data import pairs as P
+from turnrl.data.io import read_pairs, write_jsonl
+from turnrl.data.schema import Message, Trajectory
+from turnrl.rollout import ExpertPolicy, RandomPolicy
+from turnrl.rollout.sampler import EpisodeSpec, Sampler
+from turnrl.train.forward import common_prefix_length, pack, pack_shared, token_logps
+
+
+@dataclass
+class Seq:
+    input_ids: list[int]
+    action_mask: list[int]
+    turn_index: list[int]
+
+
+def _seq(prefix: list[int], n: int, g: torch.Generator, vocab: int) -> Seq:
+    tail = torch.randint(5, vocab, (n,), generator=g).tolist()
+    mask = [0] * len(prefix) + [1] * n
+    return Seq(prefix + tail, mask, [0 if m else -1 for m in mask])
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_shared_prefix_packing_equals_separate_sequences(tiny_model, impl: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    vocab = tiny_model.config.vocab_size
+    p1 = torch.randint(5, vocab, (30,), generator=g).tolist()
+    p2 = torch.randint(5, vocab, (17,), generator=g).tolist()
+    units = [[_seq(p1, 12, g, vocab), _seq(p1, 7, g, vocab)],
+             [_seq(p2, 9, g, vocab), _seq(p2, 20, g, vocab), _seq(p2, 3, g, vocab)]]
+    flat = [s for u in units for s in u]
+    old = tiny_model.config._attn_implementation
+    tiny_model.config._attn_implementation = impl
+    try:
+        with torch.no_grad():
+            shared = pack_shared(units, row_tokens=100)
+            plain = pack(flat, row_tokens=100)
+            a = torch.zeros(len(flat)).index_add_(0, shared.seq_index, token_logps(tiny_model, shared))
+            b = torch.zeros(len(flat)).index_add_(0, plain.seq_index, token_logps(tiny_model, plain))
+    finally:
+        tiny_model.config._attn_implementation = old
+    assert torch.allclose(a, b, atol=1e-5)
+    # each prefix computed once: 30 + 17 fewer... times (branches - 1)
+    assert shared.real_tokens == plain.real_tokens - 30 - 2 * 17
+    # and the mask matters: without it the suffixes see each other and log-probs change
+    shared.attention_mask = torch.tril(torch.ones_like(shared.attention_mask))
+    with torch.no_grad():
+        c = torch.zeros(len(flat)).index_add_(0, shared.seq_index, token_logps(tiny_model, shared))
+    assert not torch.allclose(c, b, atol=1e-3)
+
+
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2]]) == 2
+    assert common_prefix_length([[3], [1]]) == 0
+
+
+# ------------------------------------------------------------------------- builders
+
+
+def _traj(task: str, actions: list[str], ret: float, *, source: str = "policy", valid: bool = True,
+          meta: dict | None = None) -> Trajectory:
+    msgs = [Message("system", "play"), Message("user", "start")]
+    for i, a in enumerate(actions):
+        msgs.append(Message("assistant", f"Thought: go.\nAction: {a}", action=a, valid=valid))
+        msgs.append(Message("user", f"obs {i}"))
+    rewards = [0.0] * (len(actions) - 1) + [ret]
+    return Trajectory(id=f"{task}-{source}-{'-'.join(actions)}", env="e", task_id=task, messages=msgs,
+                      rewards=rewards, return_=ret, success=ret > 0, source=source, meta=meta or {})
+
+
+def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
+    experts = [_traj("a", ["1", "2"], 1.0, source="expert"), _traj("b", ["1"], 0.0, source="expert"),
+               _traj("c", ["1"], 1.0, source="expert")]
+    explored = [_traj("a", ["3", "4", "5", "6", "7"], -1.0),  # expert wins
+                _traj("b", ["2", "5"], 1.0),                    # the agent wins over the expert
+                _traj("c", ["9"], 1.0),                         # same return: no pair
+                _traj("d", ["9"], 1.0)]                         # no expert for this task
+    stats: dict[str, int] = {}
+    pairs = P.trajectory_pairs(experts, explored, truncate_k=1, stats=stats)
+    assert [(p.task_id, p.chosen.source, p.rejected.source) for p in pairs] == [
+        ("a", "expert", "policy"), ("b", "policy", "expert")]
+    assert pairs[0].rejected.num_turns == 3  # winner's 2 turns + k=1
+    assert pairs[1].rejected.num_turns == 1  # shorter than 2 + 1 already: untouched
+    assert stats == {"same_return": 1, "no_expert": 1, "pairs": 2}
+    bad = [_traj("a", ["3", "3", "3"], -1.0), _traj("c", ["x"], 0.0, valid=False)]
+    stats = {}
+    assert P.trajectory_pairs(experts, bad, losers="clean", stats=stats) == []
+    assert stats["dropped_repeated_action"] == 1 and stats["dropped_invalid_action"] == 1
+    assert len(P.trajectory_pairs(experts, bad, losers="noisy")) == 2
+
+
+def test_degenerate_reasons() -> None:
+    assert P.degenerate_reason(_traj("a", ["1", "2"], 0)) is None
+    t = _traj("a", ["1"], 0)
+    t.messages[2] = replace(t.messages[2], content="#### $$$ ### %%% ^^^ &&&")
+    assert P.degenerate_reason(t) == "gibberish"
+    t.messages[2] = replace(t.messages[2], action=None, content="I think so")
+    assert P.degenerate_reason(t) == "no action"
+
+
+def test_step_pairs_share_the_expert_prefix_and_train_one_turn() -> None:
+    expert = _traj("a", ["1", "2", "3"], 1.0, source="expert")
+    branch = _traj("a", ["1", "5", "6"], -1.0, meta={"expert_turns": 1})
+    other = _traj("a", ["4", "5", "6"], -1.0, meta={"expert_turns": 1})  # not the expert's prefix
+    stats: dict[str, int] = {}
+    pairs = P.step_pairs([expert], [branch, other], stats=stats)
+    assert len(pairs) == 1 and stats["prefix_mismatch"] == 1
+    p = pairs[0]
+    assert p.meta["train_from_turn"] == 1
+    assert p.chosen.actions == ["1", "2"] and p.rejected.actions == ["1", "5"]
+    # a trajectory pair builder ignores step-wise explorations
+    assert P.trajectory_pairs([expert], [branch]) == []
+
+
+def test_self_play_pairs_and_scored_win_rates() -> None:
+    samples = [_traj("a", ["1"], 1.0), _traj("a", ["2"], 0.0), _traj("a", ["3"], -1.0), _traj("b", ["1"], 0.0),
+               _traj("b", ["2"], 0.0)]
+    pairs = P.self_play_pairs(samples)
+    assert len(pairs) == 1 and pairs[0].chosen.return_ == 1.0 and pairs[0].rejected.return_ == -1.0
+    scored = {(t.task_id, t.return_): t.meta["win_rate"] for t in P.scored_samples(samples, tau=1.0)}
+    s = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    assert scored[("a", 1.0)] == pytest.approx((0.5 + s(1) + s(2)) / 3)
+    assert scored[("a", -1.0)] == pytest.approx((0.5 + s(-1) + s(-2)) / 3)
+    assert scored[("b", 0.0)] == 0.5  # ties are exactly 1/2
+    oracle = P.RewardOracle(tau=0.5)
+    a, b = samples[0], samples[1]
+    assert oracle("a", a, b) + oracle("a", b, a) == pytest.approx(1.0)
+
+
+def test_sampler_replays_an_expert_prefix() -> None:
+    from turnrl.collect import make_env_factory
+
+    sampler = Sampler(make_env_factory("tictactoe", {"opponent": "random"}), RandomPolicy(), env_name="tictactoe",
+                      num_envs=2)
+    specs = [EpisodeSpec(0, "train", "ttt-s3", 11, expert_turns=2), EpisodeSpec(1, "train", "ttt-s3", 11)]
+    branch, plain = sampler.run(specs)
+    expert = run_policy(ExpertPolicy(), "tictactoe", episodes=1, env_opts={"opponent": "random"},
+                        seed=0)[0]
+    assert branch.meta["expert_turns"] == 2 and "expert_turns" not in plain.meta
+    assert all("random" not in m.content for m in branch.messages[:6] if m.role == "assistant")
+    assert any("random" in m.content for m in branch.messages if m.role == "assistant") or branch.num_turns <= 2
+    assert expert.num_turns >= 1
+
+
+# ----------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def ttt_pairs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Expert (minimax) against random play on the same tic-tac-toe tasks: clear preferences."""
+    d = tmp_path_factory.mktemp("pairs")
+    opts = {"opponent": "random"}
+    expert = run_policy(ExpertPolicy(), "tictactoe", episodes=60, env_opts=opts, seed=0)
+    rand = run_policy(RandomPolicy(), "tictactoe", episodes=60, env_opts=opts, seed=0)
+    pairs = P.trajectory_pairs(expert, rand)
+    assert len(pairs) >= 20
+    write_jsonl(d / "train.jsonl", pairs[:-8])
+    write_jsonl(d / "heldout.jsonl", pairs[-8:])
+    return d / "train.jsonl", d / "heldout.jsonl"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["dpo", "dmpo"])
+def test_training_raises_heldout_preference_accuracy(loss: str, ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    train, heldout = ttt_pairs
+    cfg = preference.PreferenceConfig(loss=loss, lr=3e-3, epochs=3, batch_size=8, beta=0.1, gamma=0.9,
+                                      eval_every=100, seed=0)
+    preference.train_preference(str(tiny_dir), train, tmp_path / "run", cfg, eval_data=heldout)
+    start = json.loads((tmp_path / "run" / "eval_start.json").read_text())
+    end = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert start["eval_loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference
+    assert end["eval/eval_loss"] < start["eval_loss"] - 0.05
+    assert end["eval/eval_accuracy"] > 0.6
+    caches = sorted((tmp_path / "home" / "ref_logps").iterdir())
+    assert len(caches) == 2  # training and held-out pairs
+
+    # a second run with the same reference and data reuses the cache: no reference pass
+    calls = []
+    real = preference.compute_reference
+    monkeypatch.setattr(preference, "compute_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    preference.train_preference(str(tiny_dir), train, tmp_path / "run2", cfg.model_copy(update={"max_steps": 1}))
+    assert calls == []
+
+
+@pytest.mark.slow
+def test_sppo_trains_on_scored_samples(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    samples = run_policy(RandomPolicy(), "tictactoe", episodes=24, env_opts={"opponent": "random"}, seed=0)
+    samples = [replace(t, task_id=f"g{i % 4}") for i, t in enumerate(samples)]  # 4 tasks x 6 samples
+    data = tmp_path / "scored.jsonl"
+    write_jsonl(data, P.scored_samples(samples))
+    for variant in ("soft", "hard"):
+        cfg = preference.PreferenceConfig(loss="sppo", sppo_variant=variant, eta=10.0, lr=1e-5, max_steps=6,
+                                          batch_size=24)  # every step sees all 24 samples
+        result = preference.train_preference(str(tiny_dir), data, tmp_path / variant, cfg)
+        rows = [json.loads(x) for x in (tmp_path / variant / "metrics.jsonl").read_text().splitlines()]
+        assert math.isfinite(result.final_loss) and rows[-1]["loss"] < rows[0]["loss"]
+
+
+@pytest.mark.slow
+def test_shared_prefix_and_plain_packing_train_the_same(ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    losses = []
+    for shared in (True, False):
+        cfg = preference.PreferenceConfig(loss="dmpo", lr=1e-3, max_steps=3, batch_size=4, shared_prefix=shared)
+        preference.train_preference(str(tiny_dir), ttt_pairs[0], tmp_path / f"s{shared}", cfg)
+        rows = (tmp_path / f"s{shared}" / "metrics.jsonl").read_text().splitlines()
+        losses.append([json.loads(x)["loss"] for x in rows])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4)
+
+
+def test_cli_pairs_and_bad_pairs_file(tmp_path: Path, tiny_dir: Path, capsys) -> None:
+    opts = ["--env-opt", "opponent=random"]
+    assert run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "20", "--out",
+                str(tmp_path / "e.jsonl"), *opts], capsys)[0] == 0
+    assert run(["collect", "--env", "tictactoe", "--policy", "random", "--episodes", "20", "--out",
+                str(tmp_path / "x.jsonl"), *opts], capsys)[0] == 0
+    code, out, _ = run(["pairs", "--expert", str(tmp_path / "e.jsonl"), "--explored", str(tmp_path / "x.jsonl"),
+                        "--out", str(tmp_path / "p.jsonl"), "--losers", "clean"], capsys)
+    assert code == 0 and "pairs" in out
+    pairs = read_pairs(tmp_path / "p.jsonl")
+    assert pairs and all(p.chosen.return_ > p.rejected.return_ for p in pairs)
+    code, _, err = run(["pairs", "--explored", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "q.jsonl"),
+                        "--mode", "stepwise"], capsys)
+    assert "step" in one_line_error(code, err)
+
+    lines = (tmp_path / "p.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"chosen"', '"winner"', 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    code, _, err = run(["train", "dpo", "--model", str(tiny_dir), "--pairs", str(bad), "--out",
+                        str(tmp_path / "o")], capsys)
+    assert f"{bad}:2:" in one_line_error(code, err)
+    code, _, err = run(["train", "dmpo", "--model", str(tiny_dir), "--pairs", str(tmp_path / "p.jsonl"), "--out",
+                        str(tmp_path / "o"), "gama=0.5"], capsys)
+    assert "gamma" in one_line_error(code, err)
