@@ -171,3 +171,11 @@ def test_agent_view_windows_history() -> None:
     assert [m.role for m in view[1:]] == ["user", "assistant", "user", "assistant"]
     full, local = agent_view(msgs, 2, history=None)
     assert local == 2 and full == msgs[: 1 + 2 * 3]
+
+
+def test_action_equals_form_keeps_bracketed_arguments_with_spaces() -> None:
+    from turnrl.agent.parsing import parse_action
+
+    assert parse_action("Thought: buy.\nACTION=click[Buy Now]", None).action == "click[Buy Now]"
+    assert parse_action("ACTION=search[red shoes], done", None).action == "search[red shoes]"
+    assert parse_action("ACTION=3.", None).action == "3"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 _PATTERNS = (
     re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE),
-    re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;]+(?:\[[^\]]*\])?)"),
+    re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;\[]+(?:\[[^\]]*\])?)"),
 )
 
 
