@@ -74,39 +74,7 @@ def _first_fit_decreasing(lengths: Sequence[int], row_tokens: int) -> tuple[list
 
 def pack(seqs: Sequence[Tokenized], *, row_tokens: int = 2048, pad_id: int = 0) -> PackedBatch:
     """Pack sequences into rows; see the module docstring."""
-    rows, fill = _first_fit_decreasing([len(s.input_ids) for s in seqs], row_tokens)
-    width = max(fill) if fill else 0
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    pos = torch.zeros((len(rows), width), dtype=torch.long)
-    keep: list[int] = []
-    labels: list[int] = []
-    seq_idx: list[int] = []
-    turn_idx: list[int] = []
-    for r, members in enumerate(rows):
-        col = 0
-        for i in members:
-            s = seqs[i]
-            n = len(s.input_ids)
-            ids[r, col : col + n] = torch.tensor(s.input_ids, dtype=torch.long)
-            pos[r, col : col + n] = torch.arange(n)
-            for j in range(1, n):
-                if s.action_mask[j]:
-                    keep.append(r * width + col + j - 1)
-                    labels.append(s.input_ids[j])
-                    seq_idx.append(i)
-                    turn_idx.append(s.turn_index[j])
-            col += n
-    return PackedBatch(
-        input_ids=ids,
-        position_ids=pos,
-        keep=torch.tensor(keep, dtype=torch.long),
-        labels=torch.tensor(labels, dtype=torch.long),
-        seq_index=torch.tensor(seq_idx, dtype=torch.long),
-        turn_index=torch.tensor(turn_idx, dtype=torch.long),
-        num_seqs=len(seqs),
-        computed_tokens=len(rows) * width,
-        real_tokens=sum(fill),
-    )
+    return _layout([[s] for s in seqs], row_tokens=row_tokens, pad_id=pad_id, shared=False)
 
 
 def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
@@ -128,6 +96,12 @@ def pack_shared(units: Sequence[Sequence[Tokenized]], *, row_tokens: int = 2048,
     Sequences are numbered unit by unit (unit 0's sequences first) in ``seq_index``.
     See the module docstring for the layout.
     """
+    return _layout(units, row_tokens=row_tokens, pad_id=pad_id, shared=True)
+
+
+def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: int, shared: bool) -> PackedBatch:
+    """Lay units out as ``[prefix | suffix 1 | ...]`` in rows. A one-sequence unit is all
+    prefix, so plain packing is this with units of one and no 4-D mask (``shared=False``)."""
     prefix = [common_prefix_length([s.input_ids for s in u]) for u in units]
     lengths = [p + sum(len(s.input_ids) - p for s in u) for p, u in zip(prefix, units, strict=True)]
     rows, fill = _first_fit_decreasing(lengths, row_tokens)
@@ -147,8 +121,7 @@ def pack_shared(units: Sequence[Sequence[Tokenized]], *, row_tokens: int = 2048,
         col = 0
         for g, u_i in enumerate(members):
             unit, p = units[u_i], prefix[u_i]
-            shared = units[u_i][0].input_ids[:p]
-            ids[r, col : col + p] = torch.tensor(shared, dtype=torch.long)
+            ids[r, col : col + p] = torch.tensor(unit[0].input_ids[:p], dtype=torch.long)
             pos[r, col : col + p] = torch.arange(p)
             group[r, col : col + p] = g
             base, col = col, col + p
@@ -168,12 +141,15 @@ def pack_shared(units: Sequence[Sequence[Tokenized]], *, row_tokens: int = 2048,
                         seq_idx.append(first_seq[u_i] + b)
                         turn_idx.append(s.turn_index[j])
                 col += n - p
-    q = torch.arange(width)
-    causal = q.unsqueeze(1) >= q.unsqueeze(0)  # [W(query), W(key)]
-    same_group = (group.unsqueeze(2) == group.unsqueeze(1)) & (group.unsqueeze(2) >= 0)
-    visible_branch = (branch.unsqueeze(1) == 0) | (branch.unsqueeze(2) == branch.unsqueeze(1))
-    allowed = same_group & visible_branch & causal
-    allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty softmax rows)
+    mask = None
+    if shared:
+        q = torch.arange(width)
+        causal = q.unsqueeze(1) >= q.unsqueeze(0)  # [W(query), W(key)]
+        same_group = (group.unsqueeze(2) == group.unsqueeze(1)) & (group.unsqueeze(2) >= 0)
+        visible_branch = (branch.unsqueeze(1) == 0) | (branch.unsqueeze(2) == branch.unsqueeze(1))
+        allowed = same_group & visible_branch & causal
+        allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty softmax rows)
+        mask = allowed.unsqueeze(1)
     return PackedBatch(
         input_ids=ids,
         position_ids=pos,
@@ -184,7 +160,7 @@ def pack_shared(units: Sequence[Sequence[Tokenized]], *, row_tokens: int = 2048,
         num_seqs=first_seq[-1],
         computed_tokens=len(rows) * width,
         real_tokens=sum(fill),
-        attention_mask=allowed.unsqueeze(1),
+        attention_mask=mask,
     )
 
 

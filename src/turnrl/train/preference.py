@@ -191,19 +191,21 @@ class PreferenceObjective:
         cfg = self.cfg
         pol = unit_turn_logps(model, examples, cfg, self.pad_id)
         dev = pol[0].device
-        if any(u.ref is None for u in examples):
+        refs = [u.ref for u in examples]
+        if any(r is None for r in refs):
             raise TurnRLError("reference log-probs are missing; they are computed before training")
+        ref_rows = [r.to(dev) for r in refs if r is not None]
         width = max(max(u.num_turns) for u in examples)
         if cfg.loss == "sppo":
             policy = torch.stack([p[0].sum() for p in pol])
-            ref = torch.stack([u.ref[0].sum() for u in examples if u.ref is not None]).to(dev)
+            ref = torch.stack([r[0].sum() for r in ref_rows])
             rates = torch.tensor([u.win_rate for u in examples], dtype=policy.dtype, device=dev)
             chosen = rates > 0.5
             return sppo_loss(policy, ref, rates, eta=cfg.eta, variant=cfg.sppo_variant, is_chosen=chosen)
         pc = _pad_turns([p[0] for p in pol], width)
         pr = _pad_turns([p[1] for p in pol], width)
-        rc = _pad_turns([u.ref[0] for u in examples if u.ref is not None], width).to(dev)
-        rr = _pad_turns([u.ref[1] for u in examples if u.ref is not None], width).to(dev)
+        rc = _pad_turns([r[0] for r in ref_rows], width)
+        rr = _pad_turns([r[1] for r in ref_rows], width)
         if cfg.loss == "dmpo":
             nc = torch.tensor([u.num_turns[0] for u in examples], device=dev)
             nr = torch.tensor([u.num_turns[1] for u in examples], device=dev)
