@@ -26,12 +26,15 @@ from turnrl.rollout import SamplingConfig, load_policy
 
 def measure(policy, episodes: int, num_envs: int) -> dict:
     policy.engine.calls = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trajs = run_policy(policy, "tictactoe", split="train", episodes=episodes, num_envs=num_envs, seed=0)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(m.token_ids or []) for t in trajs for m in t.messages if m.role == "assistant")
-    return {"num_envs": num_envs, "episodes": episodes, "seconds": round(dt, 3),
+    # cpu_seconds: this process's CPU time (all threads); on a shared machine it tracks the work
+    # done where wall time also measures the other jobs
+    return {"num_envs": num_envs, "episodes": episodes, "seconds": round(dt, 3), "cpu_seconds": round(cpu, 3),
             "episodes_per_s": round(episodes / dt, 3), "generated_tokens_per_s": round(tokens / dt, 1),
+            "episodes_per_cpu_s": round(episodes / cpu, 3), "tokens_per_cpu_s": round(tokens / cpu, 1),
             "generate_calls": policy.engine.calls}
 
 
@@ -55,14 +58,16 @@ def main() -> None:
     batched = measure(policy, args.episodes, args.num_envs)
     sequential = measure(policy, max(8, args.episodes // 4), 1)
     print(f"batched    ({args.num_envs:>3} envs): {batched['episodes_per_s']:8.2f} episodes/s "
-          f"{batched['generated_tokens_per_s']:9.1f} tokens/s")
+          f"{batched['generated_tokens_per_s']:9.1f} tokens/s", flush=True)
     print(f"sequential (  1 env ): {sequential['episodes_per_s']:8.2f} episodes/s "
-          f"{sequential['generated_tokens_per_s']:9.1f} tokens/s")
+          f"{sequential['generated_tokens_per_s']:9.1f} tokens/s", flush=True)
     sweep = []
     for n in [int(x) for x in args.sweep.split(",") if x]:
         r = measure(policy, max(n, 16), n)
         sweep.append(r)
-        print(f"sweep {n:>4} envs: {r['episodes_per_s']:8.2f} episodes/s {r['generated_tokens_per_s']:9.1f} tokens/s")
+        print(f"sweep {n:>4} envs: {r['episodes_per_s']:8.2f} episodes/s {r['generated_tokens_per_s']:9.1f} tokens/s "
+              f"({r['episodes']} episodes, {r['generate_calls']} generate calls, {r['seconds']} s; per CPU second: "
+              f"{r['episodes_per_cpu_s']} episodes, {r['tokens_per_cpu_s']} tokens)", flush=True)
     ratio = batched["episodes_per_s"] / sequential["episodes_per_s"]
     print(json.dumps({"benchmark": "rollout_throughput", "ratio": round(ratio, 2), "batched": batched,
                       "sequential": sequential, "sweep": sweep}))

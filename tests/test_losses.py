@@ -534,3 +534,186 @@ def test_sppo_hard_matches_trl_with_eta_inverse_beta() -> None:
     )
     theirs = _trl_loss("sppo_hard", pc, pr, rc, rr, beta)
     assert (win + lose).mean().item() == pytest.approx(theirs, rel=1e-6)
+
+
+# ============================================================================================
+# ArCHer losses (appended section)
+
+from turnrl.losses import archer_actor_loss, archer_advantage, archer_q_loss, archer_v_loss  # noqa: E402
+
+
+def test_archer_q_loss_hand_computed() -> None:
+    # sample 0: r=-1, not done, Vbar(s') = (2, 3), gamma 0.5 -> y = (-1 + 1, -1 + 1.5) = (0, 0.5)
+    #           Q = (1, 1) -> (1-0)^2 + (1-0.5)^2 = 1.25
+    # sample 1: r=1, done -> y = (1, 1) whatever Vbar; Q = (0, 3) -> 1 + 4 = 5
+    q1, q2 = torch.tensor([1.0, 0.0], requires_grad=True), torch.tensor([1.0, 3.0])
+    losses, m = archer_q_loss(q1, q2, torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 1.0]),
+                              torch.tensor([2.0, 100.0]), torch.tensor([3.0, -100.0]), gamma=0.5)
+    assert losses.tolist() == pytest.approx([1.25, 5.0])
+    assert m["target_q1"].tolist() == pytest.approx([0.0, 1.0]) and m["target_q2"].tolist() == pytest.approx([0.5, 1.0])
+    losses.sum().backward()
+    assert q1.grad is not None and q1.grad.tolist() == pytest.approx([2 * (1 - 0), 2 * (0 - 1)])
+
+
+def test_archer_q_loss_targets_carry_no_gradient() -> None:
+    v_next = torch.tensor([1.0], requires_grad=True)
+    losses, _ = archer_q_loss(torch.tensor([0.0], requires_grad=True), torch.tensor([0.0]), torch.tensor([0.0]),
+                              torch.tensor([0.0]), v_next, v_next, gamma=0.9)
+    losses.sum().backward()
+    assert v_next.grad is None
+    with pytest.raises(ValueError, match="gamma"):
+        archer_q_loss(*(torch.zeros(1),) * 6, gamma=1.5)
+
+
+def test_archer_v_loss_twin_and_min_targets() -> None:
+    # V = (0, 0), Qbar = (1, -2): twin -> 1 + 4 = 5; min -> both on -2 -> 4 + 4 = 8
+    v1, v2, t1, t2 = torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([-2.0])
+    assert archer_v_loss(v1, v2, t1, t2)[0].item() == pytest.approx(5.0)
+    assert archer_v_loss(v1, v2, t1, t2, use_min=True)[0].item() == pytest.approx(8.0)
+
+
+def test_archer_advantage_is_min_q_minus_min_v() -> None:
+    a = archer_advantage(torch.tensor([1.0, 5.0]), torch.tensor([2.0, 4.0]), torch.tensor([0.5, 3.0]),
+                         torch.tensor([0.0, 6.0]))
+    assert a.tolist() == pytest.approx([1.0 - 0.0, 4.0 - 3.0])
+
+
+def test_archer_actor_loss_utterance_and_token_baselines() -> None:
+    # two utterances, log-probs (-1, -2, pad) and (-0.5, pad, pad); q = (3, 1), V = (1, 2)
+    # utterance baseline: A = (2, -1); L = (-2 * -3, 1 * -0.5) = (6, -0.5)
+    lp = torch.tensor([[-1.0, -2.0, 7.0], [-0.5, 9.0, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    q, v = torch.tensor([3.0, 1.0]), torch.tensor([1.0, 2.0])
+    losses, m = archer_actor_loss(lp, mask, q, v)
+    assert losses.tolist() == pytest.approx([6.0, -0.5])
+    assert m["advantage"].tolist() == pytest.approx([2.0, -1.0]) and m["logp"].tolist() == pytest.approx([-3.0, -0.5])
+    losses.sum().backward()
+    assert lp.grad is not None and lp.grad.flatten().tolist() == pytest.approx([-2.0, -2.0, 0.0, 1.0, 0.0, 0.0])
+    # token baseline b = [[0, 3, x], [1, x, x]]: weights (3, 0) and (0): L = (-(3*-1 + 0*-2), 0) = (3, 0)
+    tb = torch.tensor([[0.0, 3.0, 5.0], [1.0, 5.0, 5.0]])
+    losses2, _ = archer_actor_loss(lp, mask, q, tb)
+    assert losses2.tolist() == pytest.approx([3.0, 0.0])
+
+
+# ------------------------------------------------------------------------------------------
+# PPO (RLFT): clipped surrogate, KL estimators, full-vocabulary KL, value loss, advantages
+
+from turnrl.losses import (  # noqa: E402
+    batch_baseline_advantages,
+    full_kl,
+    gae,
+    kl_penalty,
+    ppo_loss,
+    ppo_policy_loss,
+    rewards_to_go,
+    value_loss,
+)
+
+
+def test_ppo_policy_loss_hand_values_and_clipping() -> None:
+    # eps 0.2; tokens: (rho, A) = (1, 0.5), (1.5, 1), (1.5, -1), (0.5, 1), (0.5, -1)
+    #  1: rho = 1 -> L = -0.5, not clipped
+    #  2: min(1.5, 1.2) = 1.2 -> L = -1.2, clipped (no gradient)
+    #  3: min(-1.5, -1.2) = -1.5 -> L = 1.5, unclipped (pessimistic branch keeps the gradient)
+    #  4: min(0.5, 0.8) = 0.5 -> L = -0.5, unclipped
+    #  5: min(-0.5, -0.8) = -0.8 -> L = 0.8, clipped
+    rho = [1.0, 1.5, 1.5, 0.5, 0.5]
+    adv = t(0.5, 1.0, -1.0, 1.0, -1.0)
+    old = t(-1.0, -2.0, -0.7, -1.2, -3.0)
+    logps = (old + torch.tensor([math.log(r) for r in rho])).clone().requires_grad_(True)
+    losses, m = ppo_policy_loss(logps, old, adv, clip_eps=0.2)
+    assert losses.tolist() == pytest.approx([-0.5, -1.2, 1.5, -0.5, 0.8], abs=1e-6)
+    assert m["clipped"].tolist() == [0.0, 1.0, 0.0, 0.0, 1.0]
+    assert m["ratio"].tolist() == pytest.approx(rho, abs=1e-6)
+    # approx_kl = (rho - 1) - log rho: 0, 0.5 - log 1.5, ..., -0.5 - log 0.5
+    assert m["approx_kl"].tolist() == pytest.approx(
+        [0.0, 0.5 - math.log(1.5), 0.5 - math.log(1.5), -0.5 - math.log(0.5), -0.5 - math.log(0.5)], abs=1e-6)
+    losses.sum().backward()
+    assert logps.grad is not None
+    # dL/dlogp = -A * rho on unclipped tokens, 0 on clipped ones
+    assert logps.grad.tolist() == pytest.approx([-0.5, 0.0, 1.5, -0.5, 0.0], abs=1e-6)
+    assert all(not v.requires_grad for v in m.values())
+
+
+def test_ppo_loss_at_start_ratio_one_kl_zero() -> None:
+    # first minibatch: policy == old == reference -> ratio 1, KL 0, L = -A
+    logps = t(-0.3, -2.0, -1.1).requires_grad_(True)
+    adv = t(0.5, -1.0, 2.0)
+    for est in ("k1", "k3"):
+        losses, m = ppo_loss(logps, logps.detach(), adv, beta_kl=0.05, ref_logps=logps.detach(), kl_estimator=est)
+        assert losses.tolist() == pytest.approx([-0.5, 1.0, -2.0], abs=1e-7)
+        assert m["kl"].abs().max().item() == 0.0 and m["ratio"].tolist() == [1.0, 1.0, 1.0]
+        assert m["clipped"].sum().item() == 0.0 and m["approx_kl"].abs().max().item() == 0.0
+    lp = torch.log_softmax(torch.randn(3, 7), dim=-1)
+    losses, m = ppo_loss(logps, logps.detach(), adv, beta_kl=0.05, logprobs=lp, ref_logprobs=lp.clone())
+    assert m["kl"].abs().max().item() < 1e-6
+
+
+def test_kl_estimators_hand_values() -> None:
+    # log pi = -1, log ref = -2 -> delta = ref - pi = -1; k1 = 1, k3 = e^-1 - 1 + 1 = e^-1
+    logps, ref = t(-1.0), t(-2.0)
+    assert kl_penalty(logps, ref, "k1").item() == pytest.approx(1.0)
+    assert kl_penalty(logps, ref, "k3").item() == pytest.approx(math.exp(-1.0))
+    # k3 is >= 0 where k1 is negative: log pi = -2, log ref = -1 -> k1 = -1, k3 = e - 2
+    assert kl_penalty(t(-2.0), t(-1.0), "k1").item() == pytest.approx(-1.0)
+    assert kl_penalty(t(-2.0), t(-1.0), "k3").item() == pytest.approx(math.e - 2.0)
+    with pytest.raises(ValueError, match="k1"):
+        kl_penalty(logps, ref, "k2")  # type: ignore[arg-type]
+
+
+def test_full_kl_hand_value_and_beta_weighting() -> None:
+    # pi = (1/2, 1/2), ref = (1/4, 3/4): KL = 1/2 log 2 + 1/2 log(2/3)
+    lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.75]]))
+    want = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)
+    assert full_kl(lp, ref).item() == pytest.approx(want, abs=1e-6)
+    # in ppo_loss with rho = 1, A = 0: L = beta * KL
+    losses, m = ppo_loss(t(-0.7), t(-0.7), t(0.0), beta_kl=0.1, logprobs=lp, ref_logprobs=ref)
+    assert losses.item() == pytest.approx(0.1 * want, abs=1e-6)
+    assert m["kl"].item() == pytest.approx(want, abs=1e-6)
+    with pytest.raises(ValueError, match="ref_logps"):
+        ppo_loss(t(-0.7), t(-0.7), t(1.0), beta_kl=0.1)
+
+
+def test_value_loss_plain_and_clipped() -> None:
+    # V=2, V_old=1, R=3, c=0.5: unclipped (2-3)^2 = 1, clipped (1.5-3)^2 = 2.25 -> 0.5 * 2.25
+    v = t(2.0, 0.0).requires_grad_(True)
+    losses, m = value_loss(v, t(3.0, 1.0), old_values=t(1.0, 0.0), clip=0.5)
+    assert losses.tolist() == pytest.approx([1.125, 0.5])
+    assert m["value_clipped"].tolist() == [1.0, 0.0]
+    plain, _ = value_loss(v, t(3.0, 1.0))
+    assert plain.tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_rewards_to_go_and_batch_baseline() -> None:
+    # rewards [1, 2, 3], gamma 0.5: G = [1 + 0.5*2 + 0.25*3, 2 + 0.5*3, 3] = [2.75, 3.5, 3]
+    r = torch.tensor([[1.0, 2.0, 3.0], [5.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    g = rewards_to_go(r, mask, 0.5)
+    assert g.flatten().tolist() == pytest.approx([2.75, 3.5, 3.0, 5.0, 0.0, 0.0])
+    assert rewards_to_go(r[:1], mask[:1], 1.0).tolist() == [[6.0, 5.0, 3.0]]
+    # G = [[3, 1], [1, 3]] -> baseline [2, 2] -> A = [[1, -1], [-1, 1]]
+    a = batch_baseline_advantages(torch.tensor([[3.0, 1.0], [1.0, 3.0]]), torch.ones(2, 2))
+    assert a.tolist() == [[1.0, -1.0], [-1.0, 1.0]]
+    # a step only one episode has: its own baseline, advantage 0; padding stays 0
+    a = batch_baseline_advantages(g, mask)
+    assert a.flatten().tolist() == pytest.approx([(2.75 - 5.0) / 2, 0.0, 0.0, (5.0 - 2.75) / 2, 0.0, 0.0])
+
+
+def test_gae_hand_values() -> None:
+    # rewards [0, 1], values [0.5, 0.8], gamma 1, lam 0.5:
+    # delta = [0 + 0.8 - 0.5, 1 + 0 - 0.8] = [0.3, 0.2]; A = [0.3 + 0.5 * 0.2, 0.2] = [0.4, 0.2]; R = A + V
+    adv, ret = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.8]]), torch.ones(1, 2), gamma=1.0, lam=0.5)
+    assert adv.flatten().tolist() == pytest.approx([0.4, 0.2])
+    assert ret.flatten().tolist() == pytest.approx([0.9, 1.0])
+    # lam = 1 gives MC returns minus V; gamma 0.9, padding after one step in row 2
+    r = torch.tensor([[1.0, 0.0, 2.0], [3.0, 9.0, 9.0]])
+    v = torch.tensor([[0.2, 0.4, 0.6], [1.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    adv, ret = gae(r, v, mask, gamma=0.9, lam=1.0)
+    mc = rewards_to_go(r, mask, 0.9)
+    assert adv.flatten().tolist() == pytest.approx((mc - v * mask).flatten().tolist())
+    assert ret.flatten().tolist() == pytest.approx(mc.flatten().tolist())
+    # a truncated episode bootstraps from the given value: r = [1], V = [0.5], V(s_1) = 2, gamma 1 -> A = 2.5
+    adv, _ = gae(torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.ones(1, 1), bootstrap=torch.tensor([2.0]))
+    assert adv.item() == pytest.approx(2.5)

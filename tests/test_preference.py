@@ -14,7 +14,7 @@ from test_cli import one_line_error, run
 from turnrl.collect import run_policy
 from turnrl.data import pairs as P
 from turnrl.data.io import read_pairs, write_jsonl
-from turnrl.data.schema import Message, Trajectory
+from turnrl.data.schema import Message, Pair, Trajectory
 from turnrl.rollout import ExpertPolicy, RandomPolicy
 from turnrl.rollout.sampler import EpisodeSpec, Sampler
 from turnrl.train.forward import common_prefix_length, pack, pack_shared, token_logps
@@ -44,22 +44,32 @@ def test_shared_prefix_packing_equals_separate_sequences(tiny_model, impl: str) 
     flat = [s for u in units for s in u]
     old = tiny_model.config._attn_implementation
     tiny_model.config._attn_implementation = impl
-    try:
+
+    def seq_logps(batch) -> torch.Tensor:
         with torch.no_grad():
-            shared = pack_shared(units, row_tokens=100)
-            plain = pack(flat, row_tokens=100)
-            a = torch.zeros(len(flat)).index_add_(0, shared.seq_index, token_logps(tiny_model, shared))
-            b = torch.zeros(len(flat)).index_add_(0, plain.seq_index, token_logps(tiny_model, plain))
+            return torch.zeros(len(flat)).index_add_(0, batch.seq_index, token_logps(tiny_model, batch))
+
+    try:
+        # both units (49 tokens each once their prefixes are shared) fit one row of 100
+        shared = pack_shared(units, row_tokens=100)
+        plain = pack(flat, row_tokens=100)
+        a, b = seq_logps(shared), seq_logps(plain)
+        assert torch.allclose(a, b, atol=1e-5)
+        # under sdpa attention runs segment by segment; the 4-D mask alone gives the same
+        assert shared.segments == [[(0, 30, [(30, 12), (42, 7)]), (49, 17, [(66, 9), (75, 20), (95, 3)])]]
+        layout, shared.segments = shared.segments, None
+        assert torch.allclose(seq_logps(shared), b, atol=1e-5)
+        # and the mask matters: without it the suffixes see each other and log-probs change
+        mask, shared.attention_mask = shared.attention_mask, torch.tril(torch.ones_like(shared.attention_mask))
+        assert not torch.allclose(seq_logps(shared), b, atol=1e-3)
+        # as does the layout: a wrong one (no shared prefix) changes them too
+        shared.attention_mask, shared.segments = mask, [[(0, 0, [(0, 42), (42, 7)]), layout[0][1]]]
+        if impl == "sdpa":
+            assert not torch.allclose(seq_logps(shared), b, atol=1e-3)
     finally:
         tiny_model.config._attn_implementation = old
-    assert torch.allclose(a, b, atol=1e-5)
     # each prefix computed once: 30 + 17 fewer... times (branches - 1)
     assert shared.real_tokens == plain.real_tokens - 30 - 2 * 17
-    # and the mask matters: without it the suffixes see each other and log-probs change
-    shared.attention_mask = torch.tril(torch.ones_like(shared.attention_mask))
-    with torch.no_grad():
-        c = torch.zeros(len(flat)).index_add_(0, shared.seq_index, token_logps(tiny_model, shared))
-    assert not torch.allclose(c, b, atol=1e-3)
 
 
 def test_common_prefix_length() -> None:
@@ -257,3 +267,30 @@ def test_cli_pairs_and_bad_pairs_file(tmp_path: Path, tiny_dir: Path, capsys) ->
     code, _, err = run(["train", "dmpo", "--model", str(tiny_dir), "--pairs", str(tmp_path / "p.jsonl"), "--out",
                         str(tmp_path / "o"), "gama=0.5"], capsys)
     assert "gamma" in one_line_error(code, err)
+
+
+def test_cli_non_finite_loss_stops_with_an_intact_checkpoint(tmp_path: Path, tiny_dir: Path, capsys,
+                                                            monkeypatch) -> None:
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    pairs = [Pair(t, _traj(t, ["1", "2"], 1.0, source="expert"), _traj(t, ["3"], -1.0)) for t in "abcd"]
+    write_jsonl(tmp_path / "p.jsonl", pairs)
+    real, calls = preference.dpo_loss, []
+
+    def nan_on_second_call(*args, **kwargs):
+        calls.append(1)
+        losses, metrics = real(*args, **kwargs)
+        return (losses * float("nan") if len(calls) == 2 else losses), metrics
+
+    monkeypatch.setattr(preference, "dpo_loss", nan_on_second_call)
+    cmd = ["train", "dpo", "--model", str(tiny_dir), "--pairs", str(tmp_path / "p.jsonl"), "--out",
+           str(tmp_path / "o"), "max_steps=3", "save_every=1", "batch_size=2"]
+    code, _, err = run(cmd, capsys)
+    assert one_line_error(code, err).endswith("non-finite loss at step 2; the last checkpoint (step-000001) is intact")
+    assert [p.name for p in (tmp_path / "o" / "checkpoints").iterdir()] == ["step-000001"]
+    assert not (tmp_path / "o" / "summary.json").exists()
+    # the checkpoint is intact: the run resumes from it and finishes
+    code, out, _ = run([*cmd, "--resume"], capsys)
+    assert code == 0 and "DPO finished: 3 steps" in out
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["steps"] == 3

@@ -19,14 +19,15 @@ def test_quickstart_writes_summary_report_and_plots(tmp_path: Path) -> None:
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["results"] == summary["results"]
     rows = {(r["policy"], r["split"]) for r in on_disk["results"]}
-    assert rows == {(p, s) for p in ("untrained", "sft", "expert", "random") for s in ("seen", "unseen")}
+    assert rows == {(p, s) for p in ("untrained", "sft", "dmpo", "expert", "random") for s in ("seen", "unseen")}
+    assert on_disk["pairs"]["pairs"] > 0  # the ETO iteration paired the SFT agent's failures with expert games
     for r in on_disk["results"]:
         assert r["episodes"] == 8 and r["ci95"][0] <= r["avg_reward"] <= r["ci95"][1]
     assert "| sft | seen |" in (out / "report.md").read_text()
     for png in ("training_loss.png", "rewards.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     # a second run reuses every finished stage
-    mtime = (out / "sft" / "summary.json").stat().st_mtime
+    mtimes = [(out / d / "summary.json").stat().st_mtime for d in ("sft", "iter-1/train")]
     again = run_quickstart(out, plan=SMALL)
-    assert (out / "sft" / "summary.json").stat().st_mtime == mtime
+    assert [(out / d / "summary.json").stat().st_mtime for d in ("sft", "iter-1/train")] == mtimes
     assert again["results"] == summary["results"]

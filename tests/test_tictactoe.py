@@ -212,12 +212,12 @@ def test_expert_thoughts() -> None:
     for s in range(100):
         all_thoughts += _expert_game(env, s, rng)[1]
     text = "\n".join(all_thoughts)
-    assert "I can win immediately by taking" in text
-    assert "I must block the opponent's line at" in text
+    assert "I can win immediately: I take" in text
+    assert "I must block the opponent's line: I take" in text
     # a position with an immediate win: the expert takes it and says so
     env.reset(options={"task_id": "ttt-o0314-s0"})  # X: 0, 1; O: 3, 4; X to move
     step = env.expert(random.Random(0))
-    assert step == step.__class__(action="2", thought="I can win immediately by taking 2.")
+    assert step == step.__class__(action="2", thought="I can win immediately: I take 2.")
 
 
 def test_expert_is_deterministic_given_rng() -> None:

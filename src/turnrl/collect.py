@@ -6,7 +6,7 @@ collection again after a kill skips the episodes already in the file and plays t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from turnrl.data.schema import Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
 from turnrl.rollout.policies import Policy
-from turnrl.rollout.sampler import Sampler, plan_episodes
+from turnrl.rollout.sampler import EpisodeSpec, Sampler, plan_episodes
 
 
 def make_env_factory(env_name: str, env_opts: dict[str, Any] | None = None) -> Callable[[], envs.TextEnv]:
@@ -40,14 +40,23 @@ def run_policy(
     out: str | Path | None = None,
     source: str | None = None,
     progress: Callable[[int], None] | None = None,
+    workers: int = 0,
+    specs: Sequence[EpisodeSpec] | None = None,
 ) -> list[Trajectory]:
-    """Play ``episodes`` episodes; with ``out``, append each to it and skip those already there."""
+    """Play ``episodes`` episodes; with ``out``, append each to it and skip those already there.
+
+    ``workers`` > 0 runs the ``num_envs`` environments in that many worker processes (assigned
+    round-robin) and steps them from threads (:mod:`turnrl.envs.workers`); the episodes are
+    the same as with ``workers=0`` (in-process envs), only the wall time differs. ``specs``
+    plays these planned episodes instead of the split's first ``episodes`` (several samples of
+    a task, expert-prefix replays); their indices must be distinct."""
     factory = make_env_factory(env_name, env_opts)
     probe = factory()
     try:
         if split not in ("train", "seen", "unseen"):
             raise TurnRLError(f"unknown split '{split}'; choose from: train, seen, unseen")
-        specs = plan_episodes(probe, split, episodes, seed)
+        if specs is None:
+            specs = plan_episodes(probe, split, episodes, seed)
     finally:
         probe.close()
     src = source or ("expert" if policy.name == "expert" else "policy")
@@ -59,7 +68,16 @@ def run_policy(
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
-    sampler = Sampler(factory, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
+    if workers < 0:
+        raise TurnRLError(f"workers must be >= 0 (got {workers})")
+    sampler: Sampler
+    if workers > 0:
+        from turnrl.envs.workers import ThreadedSampler, worker_pool_factory
+
+        sampler = ThreadedSampler(worker_pool_factory(env_name, env_opts, workers=workers), policy,
+                                  env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
+    else:
+        sampler = Sampler(factory, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
     try:
         if out is not None:
             with JsonlWriter(out, append=True) as writer:

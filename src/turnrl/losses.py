@@ -1,4 +1,4 @@
-"""Losses for SFT, trajectory DPO (ETO), IPO, DMPO and SPPO as pure functions of tensors.
+"""Losses for SFT, trajectory DPO (ETO), IPO, DMPO, SPPO and PPO (RLFT) as pure functions of tensors.
 
 Every function here takes tensors and plain numbers and returns tensors: no models, no
 tokenizers, no strings naming a method (the one exception is SPPO's ``variant``, which picks
@@ -40,15 +40,23 @@ from torch import Tensor
 
 __all__ = [
     "LossOutput",
+    "batch_baseline_advantages",
     "dmpo_loss",
     "dmpo_weights",
     "dpo_loss",
+    "full_kl",
+    "gae",
     "ipo_loss",
+    "kl_penalty",
+    "ppo_loss",
+    "ppo_policy_loss",
     "preference_metrics",
+    "rewards_to_go",
     "sft_loss",
     "sppo_loss",
     "turn_logps",
     "turn_mask_from_counts",
+    "value_loss",
 ]
 
 LossOutput = tuple[Tensor, dict[str, Tensor]]
@@ -500,3 +508,421 @@ def sppo_loss(
         "error": error.detach(),
     }
     return error**2, metrics
+
+
+# ============================================================================================
+# ArCHer (seed 003): utterance-level double critic and token-level actor.
+# (Appended section; the names are added to ``__all__`` at its end.)
+#
+# Per-sample conventions as above: every function returns ``(losses [B], metrics)`` with
+# detached per-sample metric tensors; targets are detached inside (no gradient flows into a
+# target network's output or into the advantage).
+
+
+def archer_q_loss(
+    q1: Tensor,
+    q2: Tensor,
+    reward: Tensor,
+    done: Tensor,
+    target_v1_next: Tensor,
+    target_v2_next: Tensor,
+    gamma: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r"""TD loss of ArCHer's twin Q heads against the target V heads (DESIGN 3, ArCHer).
+
+    .. math::
+        y_i = r + \gamma (1 - d)\, \bar V_i(s'), \qquad
+        L = (Q_1(s,a) - y_1)^2 + (Q_2(s,a) - y_2)^2
+
+    Each twin regresses on its own target twin (as the authors' code does); ``done`` is 1
+    for a terminal transition (no bootstrap), 0 otherwise -- a truncated episode's last
+    transition is *not* done.
+
+    Args:
+        q1, q2: ``[B]`` online Q heads at (s, a).
+        reward, done: ``[B]`` float (``done`` in {0, 1}).
+        target_v1_next, target_v2_next: ``[B]`` target V heads at s' (detached here).
+        gamma: discount in [0, 1].
+
+    Returns:
+        ``(losses [B], metrics)`` with ``q1``, ``q2``, ``target_q1`` (= y_1), ``target_q2``, ``td_error1``.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    for name, x in (("q2", q2), ("reward", reward), ("done", done), ("target_v1_next", target_v1_next),
+                    ("target_v2_next", target_v2_next)):
+        _same_shape("q1", q1, name, x)
+    _ndim("q1", q1, 1)
+    not_done = 1.0 - done.to(q1.dtype)
+    y1 = (reward.to(q1.dtype) + gamma * not_done * target_v1_next.to(q1.dtype)).detach()
+    y2 = (reward.to(q1.dtype) + gamma * not_done * target_v2_next.to(q1.dtype)).detach()
+    losses = (q1 - y1) ** 2 + (q2 - y2) ** 2
+    metrics = {"q1": q1.detach(), "q2": q2.detach(), "target_q1": y1, "target_q2": y2,
+               "td_error1": (q1 - y1).detach()}
+    return losses, metrics
+
+
+def archer_v_loss(
+    v1: Tensor,
+    v2: Tensor,
+    target_q1: Tensor,
+    target_q2: Tensor,
+    *,
+    use_min: bool = False,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r"""Loss of ArCHer's twin V heads against the target Q heads at an actor sample.
+
+    .. math::
+        \hat a \sim \pi(\cdot|s):\quad
+        L = (V_1(s) - \bar Q_1(s,\hat a))^2 + (V_2(s) - \bar Q_2(s,\hat a))^2
+
+    (each twin against its own target twin, as in DESIGN 3 and the authors' code). With
+    ``use_min`` both twins regress on :math:`\min(\bar Q_1, \bar Q_2)(s,\hat a)` instead (the
+    clipped double-Q target of TD3/SAC).
+
+    Returns:
+        ``(losses [B], metrics)`` with ``v1``, ``v2``, ``target_v1``, ``target_v2``.
+    """
+    for name, x in (("v2", v2), ("target_q1", target_q1), ("target_q2", target_q2)):
+        _same_shape("v1", v1, name, x)
+    _ndim("v1", v1, 1)
+    t1, t2 = target_q1.to(v1.dtype).detach(), target_q2.to(v1.dtype).detach()
+    if use_min:
+        t1 = t2 = torch.minimum(t1, t2)
+    losses = (v1 - t1) ** 2 + (v2 - t2) ** 2
+    return losses, {"v1": v1.detach(), "v2": v2.detach(), "target_v1": t1, "target_v2": t2}
+
+
+def archer_advantage(q1: Tensor, q2: Tensor, v1: Tensor, v2: Tensor) -> Tensor:
+    r"""ArCHer's utterance-level advantage, detached: :math:`A = \min(Q_1, Q_2) - \min(V_1, V_2)`."""
+    for name, x in (("q2", q2), ("v1", v1), ("v2", v2)):
+        _same_shape("q1", q1, name, x)
+    return (torch.minimum(q1, q2) - torch.minimum(v1, v2)).detach()
+
+
+def archer_actor_loss(
+    token_logps: Tensor,
+    mask: Tensor,
+    value: Tensor,
+    baseline: Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r"""Token-level policy gradient with the utterance critic's advantage (ArCHer's actor).
+
+    .. math::
+        L_b = -\sum_h m_{bh}\,(q_b - c_{bh})\,\log\pi(\hat a_b^h \mid s_b, \hat a_b^{<h})
+
+    ``value`` is :math:`q_b = \min(Q_1, Q_2)(s_b, \hat a_b)`. ``baseline`` is either ``[B]``,
+    the utterance baseline :math:`c_{bh} = \min(V_1, V_2)(s_b)` for every token (ArCHer's
+    default: the weight is the advantage :math:`A_b` and
+    :math:`L_b = -A_b \sum_h \log\pi(\hat a_b^h|\cdot)`), or ``[B, H]``, a token-level
+    baseline :math:`c_{bh} = b(s_b, \hat a_b^{<h})` (the paper's variance-reduction option).
+    Weights are detached: the gradient flows through the log-probs only.
+
+    Args:
+        token_logps: ``[B, H]`` log-probs of the sampled utterance's tokens (padding anywhere
+            ``mask`` is 0).
+        mask: ``[B, H]`` 1 on real tokens.
+        value: ``[B]``.
+        baseline: ``[B]`` or ``[B, H]``.
+
+    Returns:
+        ``(losses [B], metrics)`` with ``advantage`` (:math:`q_b -` mean masked baseline) and
+        ``logp`` (the utterance log-prob, summed over tokens).
+    """
+    _same_shape("token_logps", token_logps, "mask", mask)
+    _ndim("token_logps", token_logps, 2)
+    _ndim("value", value, 1)
+    if value.shape[0] != token_logps.shape[0]:
+        raise ValueError(f"value has shape {tuple(value.shape)}, token_logps {tuple(token_logps.shape)}")
+    dtype = _acc_dtype(token_logps.dtype)
+    m = mask.to(dtype)
+    if baseline.dim() == 1:
+        _same_shape("value", value, "baseline", baseline)
+        base = baseline.to(dtype).unsqueeze(1).expand_as(m)
+    else:
+        _same_shape("token_logps", token_logps, "baseline", baseline)
+        base = baseline.to(dtype)
+    weight = (value.to(dtype).unsqueeze(1) - base).detach()
+    logp = torch.where(m > 0, token_logps.to(dtype), torch.zeros_like(m))
+    losses = -(m * weight * logp).sum(dim=1)
+    mean_weight = (m * weight).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+    return losses, {"advantage": mean_weight.detach(), "logp": logp.sum(dim=1).detach()}
+
+
+__all__ += ["archer_actor_loss", "archer_advantage", "archer_q_loss", "archer_v_loss"]
+
+
+# --------------------------------------------------------------------------------------------
+# PPO (RLFT, seed 004): clipped surrogate, KL to the reference, value loss, advantages
+#
+# Token-level tensors are flat ``[N]`` (one entry per action token of a packed batch); the
+# per-token advantage is its turn's advantage broadcast to the turn's tokens.
+
+KLEstimator = Literal["k1", "k3"]
+
+
+def ppo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, clip_eps: float = 0.2) -> LossOutput:
+    r"""PPO's clipped surrogate, per token (Schulman et al., 2017, eq. 7).
+
+    .. math::
+        \rho = \exp(\log\pi_\theta - \log\pi_{old}), \qquad
+        L = -\min\big(\rho A,\ \mathrm{clip}(\rho, 1-\epsilon, 1+\epsilon) A\big)
+
+    Gradient flows only through ``logps``. Example: :math:`\epsilon=0.2`, :math:`A=1`,
+    :math:`\rho=1.5` -> clipped, :math:`L=-1.2` (no gradient); :math:`A=-1`, :math:`\rho=1.5`
+    -> :math:`L=1.5` (the pessimistic, unclipped branch).
+
+    Args:
+        logps: ``[N]`` log-probs of the taken tokens under :math:`\pi_\theta` (with grad).
+        old_logps: ``[N]`` log-probs under the policy that sampled them.
+        advantages: ``[N]`` advantage of each token (its turn's).
+        clip_eps: :math:`\epsilon \ge 0`.
+
+    Returns:
+        ``(losses [N], metrics)`` with detached per-token ``ratio``, ``clipped`` (1.0 where the
+        clipped branch is the minimum and differs from the unclipped one, i.e. no gradient)
+        and ``approx_kl`` (:math:`(\rho-1)-\log\rho`, the k3 estimate of
+        :math:`KL(\pi_{old}\|\pi_\theta)`, 0 at :math:`\rho=1`).
+    """
+    _same_shape("logps", logps, "old_logps", old_logps)
+    _same_shape("logps", logps, "advantages", advantages)
+    if not (clip_eps >= 0 and math.isfinite(clip_eps)):
+        raise ValueError(f"clip_eps must be a finite number >= 0, got {clip_eps}")
+    work = _acc_dtype(logps.dtype)
+    log_ratio = logps.to(work) - old_logps.to(work).detach()
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(work).detach()
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    losses = -torch.minimum(unclipped, clipped)
+    lr = log_ratio.detach()
+    metrics = {
+        "ratio": ratio.detach(),
+        "clipped": (clipped < unclipped).to(work).detach(),
+        "approx_kl": (torch.exp(lr) - 1.0) - lr,
+    }
+    return losses, metrics
+
+
+def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k3") -> Tensor:
+    r"""Per-token estimate of :math:`KL(\pi_\theta\|\pi_{ref})` from the sampled token.
+
+    With :math:`\delta = \log\pi_{ref}(x) - \log\pi_\theta(x)` for the sampled token :math:`x`:
+
+    * ``k1``: :math:`-\delta` (unbiased, can be negative, high variance);
+    * ``k3``: :math:`e^{\delta} - 1 - \delta` (Schulman's low-variance estimator; >= 0, 0 iff
+      the two log-probs agree; what GRPO uses).
+
+    Gradient flows through ``logps``. Example: :math:`\log\pi_\theta=-1`, :math:`\log\pi_{ref}=-2`
+    -> :math:`\delta=-1`: k1 = 1, k3 = :math:`e^{-1}` ≈ 0.3679.
+
+    Returns:
+        ``[N]`` per-token values (float32 or wider).
+    """
+    _same_shape("logps", logps, "ref_logps", ref_logps)
+    work = _acc_dtype(logps.dtype)
+    delta = ref_logps.to(work).detach() - logps.to(work)
+    if estimator == "k1":
+        return -delta
+    if estimator == "k3":
+        return torch.expm1(delta) - delta
+    raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}")
+
+
+def full_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    r"""Exact per-position :math:`KL(\pi_\theta\|\pi_{ref}) = \sum_v \pi_\theta(v)\,[\log\pi_\theta(v) - \log\pi_{ref}(v)]`
+    over the whole vocabulary (the full-vocabulary option of the KL penalty).
+
+    Example: :math:`\pi_\theta=(1/2, 1/2)`, :math:`\pi_{ref}=(1/4, 3/4)`:
+    :math:`\tfrac12\log 2 + \tfrac12\log\tfrac23` ≈ 0.1438.
+
+    Args:
+        logprobs: ``[N, V]`` normalized log-probabilities of the policy (with grad).
+        ref_logprobs: ``[N, V]`` of the reference (no grad taken).
+
+    Returns:
+        ``[N]`` KL values (>= 0 up to rounding).
+    """
+    _same_shape("logprobs", logprobs, "ref_logprobs", ref_logprobs)
+    _ndim("logprobs", logprobs, 2)
+    work = _acc_dtype(logprobs.dtype)
+    lp = logprobs.to(work)
+    return (lp.exp() * (lp - ref_logprobs.to(work).detach())).sum(dim=-1)
+
+
+def ppo_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    beta_kl: float = 0.05,
+    ref_logps: Tensor | None = None,
+    kl_estimator: KLEstimator = "k3",
+    logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+) -> LossOutput:
+    r"""Token-level PPO objective of RLFT (DESIGN 3): clipped surrogate plus a KL penalty.
+
+    .. math::  L_i = -\min(\rho_i A_i,\ \mathrm{clip}(\rho_i, 1\pm\epsilon) A_i) + \beta_{KL}\,\widehat{KL}_i
+
+    :math:`\widehat{KL}_i` is :func:`kl_penalty` of the sampled token (``ref_logps`` given,
+    estimator ``kl_estimator``) or, when ``logprobs`` and ``ref_logprobs`` (``[N, V]``) are
+    given, the exact full-vocabulary :func:`full_kl`. With ``beta_kl = 0`` no reference is
+    needed. The caller sums the per-token losses over the global batch and divides by its
+    number of action tokens.
+
+    Example: :math:`\rho = 1` (first minibatch), :math:`A=0.5`, :math:`\log\pi_\theta=\log\pi_{ref}`:
+    :math:`L = -0.5`, ``kl`` 0, ``ratio`` 1, ``clipped`` 0.
+
+    Returns:
+        ``(losses [N], metrics)``: the metrics of :func:`ppo_policy_loss` plus ``kl``
+        (the detached KL term per token, 0 when not computed) and ``pg_loss``.
+    """
+    pg, metrics = ppo_policy_loss(logps, old_logps, advantages, clip_eps=clip_eps)
+    if beta_kl < 0 or not math.isfinite(beta_kl):
+        raise ValueError(f"beta_kl must be a finite number >= 0, got {beta_kl}")
+    if logprobs is not None or ref_logprobs is not None:
+        if logprobs is None or ref_logprobs is None:
+            raise ValueError("the full-vocabulary KL needs both logprobs and ref_logprobs")
+        if logprobs.shape[0] != logps.shape[0]:
+            raise ValueError(
+                f"logprobs has {logprobs.shape[0]} rows but logps has {logps.shape[0]} tokens; they must match"
+            )
+        kl = full_kl(logprobs, ref_logprobs)
+    elif ref_logps is not None:
+        kl = kl_penalty(logps, ref_logps, kl_estimator)
+    elif beta_kl > 0:
+        raise ValueError("beta_kl > 0 needs ref_logps (or logprobs and ref_logprobs for the full-vocabulary KL)")
+    else:
+        kl = torch.zeros_like(pg)
+    losses = pg + beta_kl * kl
+    metrics["kl"] = kl.detach()
+    metrics["pg_loss"] = pg.detach()
+    return losses, metrics
+
+
+def value_loss(
+    values: Tensor, returns: Tensor, *, old_values: Tensor | None = None, clip: float | None = None
+) -> LossOutput:
+    r"""Squared-error value loss, optionally clipped around the old values (PPO2 style).
+
+    .. math::
+        L = \tfrac12 (V - R)^2; \qquad \text{clipped: } L = \tfrac12\max\big((V-R)^2,\
+        (V_{old} + \mathrm{clip}(V - V_{old}, -c, c) - R)^2\big)
+
+    Example: :math:`V=2, V_{old}=1, R=3, c=0.5`: unclipped :math:`(2-3)^2=1`, clipped
+    :math:`(1.5-3)^2=2.25`, so :math:`L = 1.125`.
+
+    Returns:
+        ``(losses [B], {"value_error": V - R detached, "value_clipped": 0/1})``.
+    """
+    _same_shape("values", values, "returns", returns)
+    work = _acc_dtype(values.dtype)
+    v = values.to(work)
+    r = returns.to(work).detach()
+    err = (v - r) ** 2
+    was_clipped = torch.zeros_like(err)
+    if clip is not None:
+        if old_values is None:
+            raise ValueError("a clipped value loss needs old_values")
+        _same_shape("values", values, "old_values", old_values)
+        if not clip > 0:
+            raise ValueError(f"value clip must be > 0, got {clip}")
+        vo = old_values.to(work).detach()
+        v_clip = vo + torch.clamp(v - vo, -clip, clip)
+        err_clip = (v_clip - r) ** 2
+        was_clipped = (err_clip > err).to(work)
+        err = torch.maximum(err, err_clip)
+    return 0.5 * err, {"value_error": (v - r).detach(), "value_clipped": was_clipped.detach()}
+
+
+def rewards_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    r"""Monte-Carlo returns :math:`G_t = \sum_{k \ge t} \gamma^{k-t} r_k` per episode.
+
+    Args:
+        rewards: ``[B, T]`` per-step rewards (padding may hold anything).
+        mask: ``[B, T]`` 1 on real steps; an episode's steps are a prefix of its row.
+        gamma: discount in [0, 1].
+
+    Example: rewards ``[1, 2, 3]``, :math:`\gamma = 0.5`: :math:`G = [1+1+0.75, 2+1.5, 3] = [2.75, 3.5, 3]`.
+
+    Returns:
+        ``[B, T]`` returns, 0 on padding.
+    """
+    _same_shape("rewards", rewards, "mask", mask)
+    _ndim("rewards", rewards, 2)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    m = mask.to(_acc_dtype(rewards.dtype))
+    r = torch.where(mask.bool(), rewards.to(m.dtype), torch.zeros_like(m))
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running * m[:, t]
+        out[:, t] = running
+    return out * m
+
+
+def batch_baseline_advantages(returns: Tensor, mask: Tensor) -> Tensor:
+    r"""Monte-Carlo advantages with a batch baseline: :math:`A_{i,t} = G_{i,t} - \bar G_t`,
+    :math:`\bar G_t` the mean of :math:`G_{\cdot,t}` over the episodes of the batch that have a
+    step ``t`` (for fixed-length episodes: every episode). A step no other episode shares gets
+    advantage 0 from a baseline equal to itself.
+
+    Example: :math:`G = [[3, 1], [1, 3]]`: :math:`\bar G = [2, 2]`, :math:`A = [[1, -1], [-1, 1]]`.
+
+    Returns:
+        ``[B, T]`` advantages, 0 on padding.
+    """
+    _same_shape("returns", returns, "mask", mask)
+    _ndim("returns", returns, 2)
+    m = mask.to(_acc_dtype(returns.dtype))
+    g = torch.where(mask.bool(), returns.to(m.dtype), torch.zeros_like(m))
+    baseline = g.sum(dim=0) / m.sum(dim=0).clamp(min=1.0)
+    return (g - baseline.unsqueeze(0)) * m
+
+
+def gae(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95,
+    bootstrap: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""Generalized advantage estimation (Schulman et al., 2016).
+
+    .. math::
+        \delta_t = r_t + \gamma V(s_{t+1}) - V(s_t), \qquad
+        A_t = \sum_{k \ge 0} (\gamma\lambda)^k \delta_{t+k}, \qquad R_t = A_t + V(s_t)
+
+    :math:`V(s_T)` after an episode's last step is ``bootstrap`` (``[B]``; 0 for terminated
+    episodes, the default).
+
+    Example: rewards ``[0, 1]``, values ``[0.5, 0.8]``, :math:`\gamma=1, \lambda=0.5`:
+    :math:`\delta = [0 + 0.8 - 0.5, 1 + 0 - 0.8] = [0.3, 0.2]`, :math:`A = [0.3 + 0.5\cdot0.2, 0.2] = [0.4, 0.2]`,
+    :math:`R = [0.9, 1.0]`.
+
+    Args:
+        rewards, values, mask: ``[B, T]``; an episode's steps are a prefix of its row.
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])``, 0 on padding.
+    """
+    _same_shape("rewards", rewards, "values", values)
+    _same_shape("rewards", rewards, "mask", mask)
+    _ndim("rewards", rewards, 2)
+    if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
+        raise ValueError(f"gamma and lam must lie in [0, 1], got {gamma} and {lam}")
+    work = _acc_dtype(rewards.dtype)
+    m = mask.to(work)
+    r = torch.where(mask.bool(), rewards.to(work), torch.zeros_like(m))
+    v = torch.where(mask.bool(), values.to(work).detach(), torch.zeros_like(m))
+    b, width = r.shape
+    last = torch.zeros(b, dtype=work, device=r.device) if bootstrap is None else bootstrap.to(work).detach()
+    adv = torch.zeros_like(r)
+    running = torch.zeros(b, dtype=work, device=r.device)
+    for t in range(width - 1, -1, -1):
+        has_next = m[:, t + 1] if t + 1 < width else torch.zeros_like(m[:, t])
+        next_v = torch.where(has_next.bool(), v[:, t + 1] if t + 1 < width else last, last)
+        delta = r[:, t] + gamma * next_v - v[:, t]
+        running = delta + gamma * lam * running * has_next
+        adv[:, t] = running * m[:, t]
+    return adv, (adv + v) * m

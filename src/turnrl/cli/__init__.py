@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 
 from turnrl.cli.diagnose import diagnose_app
+from turnrl.cli.pipelines import register as register_pipelines
+from turnrl.cli.sppo import register as register_sppo
 from turnrl.errors import TurnRLError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -29,6 +31,8 @@ app.add_typer(data_app, name="data")
 app.add_typer(model_app, name="model")
 app.add_typer(train_app, name="train")
 app.add_typer(diagnose_app, name="diagnose")
+register_sppo(app, train_app)
+register_pipelines(app)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -114,11 +118,15 @@ def model_init_tiny(
 
 
 # ------------------------------------------------------------------- collect / eval
-def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None) -> Any:
+def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None, engine: str = "hf") -> Any:
     from turnrl.rollout import SamplingConfig, load_policy
 
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-    return load_policy(spec, sampling=sampling, history=history)
+    return load_policy(spec, sampling=sampling, history=history, engine=engine)
+
+
+EngineOpt = Annotated[str, typer.Option(help="Generation engine for model policies: hf or vllm (GPU).")]
+WorkersOpt = Annotated[int, typer.Option(help="Run the envs in this many worker processes (0: in-process).")]
 
 
 @app.command()
@@ -134,16 +142,18 @@ def collect(
     max_new_tokens: int = 64,
     history: int | None = None,
     env_opt: EnvOpt = None,
+    engine: EngineOpt = "hf",
+    workers: WorkersOpt = 0,
 ) -> None:
     """Collect trajectories of a policy."""
     from turnrl.collect import run_policy
     from turnrl.evaluation import summarize
     from turnrl.progress import progress_bar
 
-    pol = _policy(policy, temperature, max_new_tokens, history)
+    pol = _policy(policy, temperature, max_new_tokens, history, engine)
     with progress_bar(f"collect {env}/{split}", episodes) as advance:
         trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
-                           num_envs=num_envs, seed=seed, out=out, progress=advance)
+                           num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers)
     r = summarize(trajs, policy=policy, env=env, split=split)
     console.print(f"{len(trajs)} episodes in {out}: avg return {r['avg_reward']:.3f}, "
                   f"success {r['success_rate']:.2f}, invalid actions {r['invalid_action_rate']:.2f}")
@@ -163,6 +173,8 @@ def eval_cmd(
     history: int | None = None,
     env_opt: EnvOpt = None,
     trajectories: Annotated[Path | None, typer.Option(help="Also write the episodes here.")] = None,
+    engine: EngineOpt = "hf",
+    workers: WorkersOpt = 0,
 ) -> None:
     """Evaluate a policy; write {"results": [...]} and print a table."""
     from turnrl.collect import evaluate
@@ -171,12 +183,13 @@ def eval_cmd(
     from turnrl.progress import progress_bar
     from turnrl.train.core import atomic_write_json
 
-    pol = _policy(policy, temperature, max_new_tokens, history)
+    pol = _policy(policy, temperature, max_new_tokens, history, engine)
     results, all_trajs = [], []
     for s in split or ["seen"]:
         with progress_bar(f"eval {env}/{s}", episodes) as advance:
             rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
-                                  num_envs=num_envs, seed=seed, progress=advance, policy_label=policy)
+                                  num_envs=num_envs, seed=seed, progress=advance, policy_label=policy,
+                                  workers=workers)
         results.append(rec)
         all_trajs.extend(trajs)
     if trajectories is not None:
@@ -237,6 +250,9 @@ def _preference_command(loss: str) -> None:
 
 for _loss in ("dpo", "ipo", "dmpo", "sppo"):
     _preference_command(_loss)
+
+import turnrl.cli.archer  # noqa: E402,F401  (registers train archer | chai | filtered-bc)
+import turnrl.cli.rl  # noqa: E402,F401  (registers train ppo and study greedy)
 
 
 @app.command()
@@ -302,6 +318,7 @@ def quickstart(
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors are one line and exit 2."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    console.quiet = int(os.environ.get("RANK", "0") or 0) > 0  # under accelerate launch, rank 0 reports
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -23,13 +23,13 @@ with an invalid action, a turn without a parseable action, an action repeated
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
 from turnrl.data.schema import Message, Pair, Trajectory
+from turnrl.oracles import EnvRewardOracle, score_samples
 
 LoserSetting = Literal["clean", "noisy"]
 
@@ -207,32 +207,13 @@ def self_play_pairs(
     return pairs
 
 
-class RewardOracle:
-    """``P(y_i > y_j) = sigmoid((r_i - r_j) / tau)``, exactly 1/2 on ties; any env with rewards."""
-
-    name = "env_reward"
-
-    def __init__(self, tau: float = 1.0):
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0 (got {tau})")
-        self.tau = tau
-
-    def __call__(self, task_id: str, a: Trajectory, b: Trajectory) -> float:
-        d = (a.return_ - b.return_) / self.tau
-        if d == 0:
-            return 0.5
-        return 1.0 / (1.0 + math.exp(-d)) if d > -700 else 0.0
+# The environment-reward oracle lives with the other preference oracles (turnrl.oracles);
+# the name RewardOracle is kept for existing callers.
+RewardOracle = EnvRewardOracle
 
 
 def scored_samples(samples: Sequence[Trajectory], *, tau: float = 1.0) -> list[Trajectory]:
     """Each sample with ``meta["win_rate"] = (1/K) sum_k P(y_i > y_k)`` over its task's K samples
-    (the sample itself included, as in SPPO, contributing 1/2)."""
-    oracle = RewardOracle(tau)
-    out: list[Trajectory] = []
-    for task, group in _by_task(samples).items():
-        k = len(group)
-        for y in group:
-            p = sum(oracle(task, y, other) for other in group) / k
-            out.append(replace(y, meta={**y.meta, "win_rate": p, "group_size": k, "oracle": oracle.name,
-                                        "tau": tau}))
-    return out
+    (the sample itself included, as in SPPO, contributing 1/2) under the env-reward oracle;
+    :func:`turnrl.oracles.score_samples` with any other oracle."""
+    return score_samples(samples, EnvRewardOracle(tau))

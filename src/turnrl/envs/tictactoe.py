@@ -39,7 +39,10 @@ Any well-formed id is playable; the splits are fixed lists of them:
   shuffled order, cycled, with opponent seeds 200000..200199 (200 tasks).
 
 The expert is minimax (perfect play; faster wins and slower losses preferred), ties broken
-with the caller's ``rng``, with a one-line templated rationale.
+with the caller's ``rng`` (``expert_ties="random"``, the default) or by a fixed preference
+for the centre, then corners, then edges (``expert_ties="ordered"``: the expert's move is a
+function of the board, an easier target for a small model trained from scratch), with a
+one-line templated rationale that ends with the cell.
 
 The pure game logic (:func:`winner`, :func:`legal_moves`, :func:`to_move`,
 :func:`minimax_value`, :func:`move_scores`, :func:`best_moves`, :func:`winning_cells`)
@@ -65,6 +68,10 @@ LINES: tuple[tuple[int, int, int], ...] = (
     (0, 4, 8), (2, 4, 6),  # diagonals
 )  # fmt: skip
 OPPONENTS = ("random", "minimax", "noisy")
+EXPERT_TIES = ("random", "ordered")
+#: ``expert_ties="ordered"``: among equally good moves the expert takes the first in this
+#: order (centre, corners, edges), so its move is a function of the board
+TIE_ORDER = (4, 0, 2, 6, 8, 1, 3, 5, 7)
 
 # ---------------------------------------------------------------------------------------
 # Pure game logic
@@ -230,6 +237,7 @@ class TicTacToe(TextEnv):
         noise: float = 0.3,
         agent_first: bool = True,
         show_legal_moves: bool = True,
+        expert_ties: str = "random",
     ) -> None:
         if opponent not in OPPONENTS:
             raise TurnRLError(f"tictactoe: opponent must be one of {', '.join(OPPONENTS)} (got {opponent!r})")
@@ -238,6 +246,9 @@ class TicTacToe(TextEnv):
         for key, val in (("agent_first", agent_first), ("show_legal_moves", show_legal_moves)):
             if not isinstance(val, bool):
                 raise TurnRLError(f"tictactoe: {key} must be true or false (got {val!r})")
+        if expert_ties not in EXPERT_TIES:
+            raise TurnRLError(f"tictactoe: expert_ties must be one of {', '.join(EXPERT_TIES)} (got {expert_ties!r})")
+        self.expert_ties = expert_ties
         self.opponent = opponent
         self.noise = float(noise)
         self.agent_first = agent_first
@@ -346,18 +357,23 @@ class TicTacToe(TextEnv):
         board = self._board
         scores = move_scores(board)
         best = max(scores.values())
-        cell = rng.choice([c for c, s in scores.items() if s == best])
+        ties = [c for c, s in scores.items() if s == best]
+        cell = min(ties, key=TIE_ORDER.index) if self.expert_ties == "ordered" else rng.choice(ties)
         me = self.agent_mark
+        # Every rationale ends with the cell, right before "Action:": a fixed distance from the
+        # cell in the thought to the action, which small models trained from scratch copy far
+        # more reliably than a cell named mid-sentence.
         if winner(play(board, cell, me)) == me:
-            thought = f"I can win immediately by taking {cell}."
+            why = "I can win immediately"
         elif cell in winning_cells(board, other(me)):
-            thought = f"I must block the opponent's line at {cell}."
+            why = "I must block the opponent's line"
         elif best > 0:
-            thought = f"Taking {cell} keeps a winning position."
+            why = "This keeps a winning position"
         elif best == 0:
-            thought = f"Taking {cell} is the strongest move by minimax."
+            why = "Minimax rates this move strongest"
         else:
-            thought = f"Taking {cell} delays the loss as long as possible."
+            why = "This delays the loss as long as possible"
+        thought = f"{why}: I take {cell}."
         return ExpertStep(action=str(cell), thought=thought)
 
     # -- internals -----------------------------------------------------------------------

@@ -18,6 +18,10 @@ Two pieces that compose with the lock-step :class:`~turnrl.rollout.sampler.Sampl
   differs. Envs whose calls release the GIL run in parallel: :class:`ProcessEnv` (pipes),
   ScienceWorld (each env has its own Java process), anything waiting on I/O.
 
+:func:`worker_pool_factory` hosts many envs in a fixed number of shared worker processes
+(round-robin); ``run_policy(..., workers=N)`` and ``turnrl collect|eval --workers N`` use it
+with the threaded sampler, and give the episodes of in-process envs.
+
 Use them together for slow envs::
 
     make_env = worker_factory("scienceworld", {"task_names": "boil"})
@@ -31,6 +35,7 @@ import dataclasses
 import itertools
 import multiprocessing as mp
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,67 +70,204 @@ def _snapshot(env: TextEnv) -> dict[str, Any]:
 
 def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
            factory: Callable[..., TextEnv] | None) -> None:  # pragma: no cover - runs in the worker
-    env = None
+    """Host envs keyed by the proxies' ids; messages are ``(key, op, args)``."""
+    envs: dict[int, TextEnv] = {}
     try:
-        env = _build(env_name, env_opts, factory)
+        if factory is None:
+            from turnrl import envs as _registry  # noqa: F401 - import once, before the first env
         conn.send(("ok", None))
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     while True:
         try:
-            op, args = conn.recv()
+            key, op, args = conn.recv()
         except (EOFError, OSError):
             break
         try:
-            if op == "reset":
-                out: Any = (*env.reset(**args), _snapshot(env))
-            elif op == "step":
-                out = (*env.step(args), _snapshot(env))
-            elif op == "expert":
-                rng = random.Random()
-                rng.setstate(args)
-                out = (env.expert(rng), rng.getstate())
-            elif op == "task_ids":
-                out = env.task_ids(args)
-            elif op == "attr":
-                out = getattr(env, args)
+            if op == "new":
+                try:
+                    envs[key] = _build(env_name, env_opts, factory)
+                except TurnRLError:
+                    raise
+                except Exception as e:
+                    conn.send(("build_error", f"{type(e).__name__}: {e}"))
+                    continue
+                out: Any = _snapshot(envs[key])
             elif op == "close":
-                env.close()
-                conn.send(("ok", None))
-                break
+                env = envs.pop(key, None)
+                if env is not None:
+                    env.close()
+                out = len(envs)
             else:
-                raise ValueError(f"unknown operation {op!r}")
+                env = envs[key]
+                if op == "reset":
+                    out = (*env.reset(**args), _snapshot(env))
+                elif op == "step":
+                    out = (*env.step(args), _snapshot(env))
+                elif op == "expert":
+                    rng = random.Random()
+                    rng.setstate(args)
+                    out = (env.expert(rng), rng.getstate())
+                elif op == "task_ids":
+                    out = env.task_ids(args)
+                elif op == "attr":
+                    out = getattr(env, args)
+                else:
+                    raise ValueError(f"unknown operation {op!r}")
             conn.send(("ok", out))
         except TurnRLError as e:
             conn.send(("user_error", str(e)))
         except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
+    for env in envs.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+
+
+class _Worker:
+    """One worker process hosting the envs of one or more :class:`ProcessEnv` proxies.
+
+    Calls are serialized by a lock (threads of a :class:`ThreadedSampler` may share a
+    worker). ``generation`` counts the processes started: a proxy whose env lived in an
+    earlier process has lost its episode.
+    """
+
+    def __init__(self, env_name: str | None, env_opts: dict[str, Any], factory: Callable[..., TextEnv] | None,
+                 *, timeout: float, start_timeout: float, start_method: str) -> None:
+        self.env_name, self.env_opts, self.factory = env_name, env_opts, factory
+        self.timeout, self.start_timeout = timeout, start_timeout
+        self._ctx: Any = mp.get_context(start_method)
+        self.proc: Any = None
+        self.conn: Connection | None = None
+        self.lock = threading.RLock()
+        self.generation = 0
+        self.restarts = 0
+        self.users = 0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def ensure(self) -> None:
+        if self.alive() and self.conn is not None:
+            return
+        if self.proc is not None:
+            self.kill()
+            self.restarts += 1
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child, self.env_name, self.env_opts, self.factory),
+                                 daemon=True)
+        proc.start()
+        child.close()
+        self.proc, self.conn = proc, parent
+        self.generation += 1
+        status, payload = self.receive(self.start_timeout, "starting the worker")
+        if status != "ok":
+            self.kill()
+            raise TurnRLError(f"env worker could not start: {payload}")
+
+    def receive(self, timeout: float, what: str) -> tuple[str, Any]:
+        assert self.conn is not None
+        try:
+            if not self.conn.poll(timeout):
+                self.kill()
+                raise WorkerFailure(f"{what} timed out after {timeout:g} s")
+            return self.conn.recv()
+        except (EOFError, OSError, ConnectionError) as e:
+            code = self.proc.exitcode if self.proc is not None else None
+            self.kill()
+            raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
+
+    def call(self, proxy: ProcessEnv, op: str, args: Any, timeout: float | None = None) -> Any:
+        """Run ``op`` on ``proxy``'s env; builds it first in a fresh worker (not mid-episode)."""
+        with self.lock:
+            if op in ("step", "expert") and not (self.alive() and self.conn is not None
+                                                 and proxy._generation == self.generation):
+                # mid-episode: a fresh worker would not hold the episode, so this one fails
+                code = self.proc.exitcode if self.proc is not None else None
+                if not self.alive():
+                    self.kill()
+                raise WorkerFailure(f"the worker process died before {op} (exit code {code})")
+            self.ensure()
+            if proxy._generation != self.generation:
+                proxy._generation = 0
+                status, payload = self._request(proxy, "new", None, self.start_timeout)
+                if status != "ok":
+                    raise TurnRLError(f"env worker could not build the env: {payload}")
+                proxy._update(payload)
+                proxy._generation = self.generation
+                if op == "new":
+                    return payload
+            status, payload = self._request(proxy, op, args, timeout or self.timeout)
+        if status == "user_error":
+            raise TurnRLError(payload)
+        if status in ("error", "build_error"):
+            raise TurnRLError(f"env worker: {op} raised {payload}")
+        return payload
+
+    def _request(self, proxy: ProcessEnv, op: str, args: Any, timeout: float) -> tuple[str, Any]:
+        assert self.conn is not None
+        try:
+            self.conn.send((id(proxy), op, args))
+        except (OSError, ConnectionError) as e:
+            self.kill()
+            raise WorkerFailure(f"the worker process died before {op}") from e
+        status, payload = self.receive(timeout, op)
+        if status == "user_error" and op == "new":
+            return "build_error", payload
+        return status, payload
+
+    def release(self, proxy: ProcessEnv) -> None:
+        """``proxy`` is done: close its env; the last user stops the process."""
+        with self.lock:
+            self.users -= 1
+            if self.alive() and self.conn is not None and proxy._generation == self.generation:
+                try:
+                    self._request(proxy, "close", None, 10.0)
+                except WorkerFailure:
+                    pass
+            if self.users <= 0:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(timeout=10)
 
 
 class ProcessEnv(TextEnv):
-    """A registered env (or ``factory(**env_opts)``) run in a worker process (see module doc)."""
+    """A registered env (or ``factory(**env_opts)``) run in a worker process (see module doc).
+
+    With ``worker`` (from :func:`worker_pool_factory`) the process is shared with other
+    proxies; otherwise the env has a process of its own.
+    """
 
     def __init__(self, env_name: str | None = None, env_opts: dict[str, Any] | None = None, *,
                  factory: Callable[..., TextEnv] | None = None, timeout: float = 600.0,
-                 start_timeout: float = 300.0, start_method: str = "spawn") -> None:
-        if (env_name is None) == (factory is None):
+                 start_timeout: float = 300.0, start_method: str = "spawn", worker: _Worker | None = None) -> None:
+        if worker is None and (env_name is None) == (factory is None):
             raise TurnRLError("ProcessEnv: give exactly one of env_name and factory")
-        self.env_name = env_name
-        self.env_opts = dict(env_opts or {})
-        self.factory = factory
-        self.timeout = float(timeout)
-        self.start_timeout = float(start_timeout)
-        self._ctx: Any = mp.get_context(start_method)
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        self.env_name = env_name if worker is None else worker.env_name
+        self.env_opts = dict(env_opts or {}) if worker is None else worker.env_opts
+        self.factory = factory if worker is None else worker.factory
+        self._worker = worker or _Worker(self.env_name, self.env_opts, self.factory, timeout=float(timeout),
+                                         start_timeout=float(start_timeout), start_method=start_method)
+        self._worker.users += 1
+        self.timeout = self._worker.timeout
+        self._generation = 0
         self._cache: dict[str, Any] = {"instruction": "", "max_turns": 50, "valid_actions": None}
         self._task_ids: dict[str, list[str]] = {}
         self._task_id = ""
         self._failed: str | None = None
-        self.restarts = 0
+        self._closed = False
         try:
-            self._ensure()
+            self._call("new", None, timeout=self._worker.start_timeout)
         except WorkerFailure as e:
             raise TurnRLError(f"env worker could not start: {e}") from None
         self.max_turns = int(self._cache["max_turns"])
@@ -183,18 +325,20 @@ class ProcessEnv(TextEnv):
         return ExpertStep("look", "The environment failed; the episode will end.")
 
     def close(self) -> None:
-        if self._conn is not None and self._alive():
-            try:
-                self._call("close", None, timeout=10.0)
-            except (WorkerFailure, TurnRLError):
-                pass
-        self._kill()
+        if not self._closed:
+            self._closed = True
+            self._worker.release(self)
 
     # -- extras ------------------------------------------------------------------------
 
     @property
     def worker_pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._alive() else None
+        w = self._worker
+        return w.proc.pid if w.proc is not None and w.alive() else None
+
+    @property
+    def restarts(self) -> int:
+        return self._worker.restarts
 
     def remote(self, attribute: str) -> Any:
         """An attribute of the env inside the worker (``proxy.remote("java_pid")``)."""
@@ -202,78 +346,44 @@ class ProcessEnv(TextEnv):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
-
-    def _ensure(self) -> None:
-        if self._alive() and self._conn is not None:
-            return
-        if self._proc is not None:
-            self._kill()
-            self.restarts += 1
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(child, self.env_name, self.env_opts, self.factory),
-                                 daemon=True)
-        proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
-        status, payload = self._receive(self.start_timeout, "starting the worker")
-        if status != "ok":
-            self._kill()
-            raise TurnRLError(f"env worker could not build the env: {payload}")
-        self._cache["max_turns"] = self._call("attr", "max_turns", timeout=self.start_timeout)
-
-    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
-        assert self._conn is not None
-        try:
-            if not self._conn.poll(timeout):
-                self._kill()
-                raise WorkerFailure(f"{what} timed out after {timeout:g} s")
-            return self._conn.recv()
-        except (EOFError, OSError, ConnectionError) as e:
-            code = self._proc.exitcode if self._proc is not None else None
-            self._kill()
-            raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
-
     def _call(self, op: str, args: Any, timeout: float | None = None) -> Any:
-        if op in ("step", "expert") and not (self._alive() and self._conn is not None):
-            # mid-episode: a fresh worker would not hold the episode, so this one fails
-            code = self._proc.exitcode if self._proc is not None else None
-            self._kill()
-            raise WorkerFailure(f"the worker process died before {op} (exit code {code})")
-        self._ensure()
-        assert self._conn is not None
-        try:
-            self._conn.send((op, args))
-        except (OSError, ConnectionError) as e:
-            self._kill()
-            raise WorkerFailure(f"the worker process died before {op}") from e
-        status, payload = self._receive(timeout or self.timeout, op)
-        if status == "user_error":
-            raise TurnRLError(payload)
-        if status == "error":
-            raise TurnRLError(f"env worker: {op} raised {payload}")
-        return payload
+        return self._worker.call(self, op, args, timeout)
 
     def _update(self, snap: dict[str, Any]) -> None:
         self._cache.update(snap)
         self.max_turns = int(snap["max_turns"])
 
-    def _kill(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._proc is not None:
-            if self._proc.is_alive():
-                self._proc.kill()
-            self._proc.join(timeout=10)
-
 
 def worker_factory(env_name: str, env_opts: dict[str, Any] | None = None, *, timeout: float = 600.0
                    ) -> Callable[[], ProcessEnv]:
-    """A ``make_env`` for samplers: each call starts one :class:`ProcessEnv`."""
+    """A ``make_env`` for samplers: each call starts one :class:`ProcessEnv` (one process per env)."""
     opts = dict(env_opts or {})
     return lambda: ProcessEnv(env_name, opts, timeout=timeout)
+
+
+def worker_pool_factory(env_name: str, env_opts: dict[str, Any] | None = None, *, workers: int,
+                        timeout: float = 600.0, start_timeout: float = 300.0,
+                        start_method: str = "spawn") -> Callable[[], ProcessEnv]:
+    """A ``make_env`` whose envs live in ``workers`` shared processes, assigned round-robin.
+
+    A process starts with its first env and stops when its last env is closed. A worker that
+    dies or hangs takes the episodes of all its envs with it (each ends as ``env_error``);
+    the next reset starts a fresh process.
+    """
+    if workers < 1:
+        raise TurnRLError(f"workers must be >= 1 (got {workers})")
+    opts = dict(env_opts or {})
+    pool: list[_Worker] = []
+    counter = itertools.count()
+
+    def make() -> ProcessEnv:
+        k = next(counter) % workers
+        if k == len(pool):
+            pool.append(_Worker(env_name, opts, None, timeout=timeout, start_timeout=start_timeout,
+                                start_method=start_method))
+        return ProcessEnv(worker=pool[k])
+
+    return make
 
 
 _THREADED: type | None = None

@@ -42,6 +42,17 @@ def resolve_model_path(name: str | Path) -> str:
     return text
 
 
+def _hub_hint(name: str | Path) -> str:
+    """Where an offline hub id was looked for (the usual cause of a failed load without network)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - a transformers dependency
+        return ""
+    if not constants.HF_HUB_OFFLINE or str(name) == TINY or Path(str(name)).expanduser().exists():
+        return ""
+    return f" (offline: hub id '{name}' is not in the hub cache {constants.HF_HUB_CACHE})"
+
+
 def load_tokenizer(name: str | Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -49,7 +60,7 @@ def load_tokenizer(name: str | Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise TurnRLError(f"cannot load tokenizer '{name}': {str(e).splitlines()[0]}") from None
+        raise TurnRLError(f"cannot load tokenizer '{name}': {str(e).splitlines()[0]}{_hub_hint(name)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok
@@ -69,7 +80,7 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as e:
-        raise TurnRLError(f"cannot load model '{name}': {str(e).splitlines()[0]}") from None
+        raise TurnRLError(f"cannot load model '{name}': {str(e).splitlines()[0]}{_hub_hint(name)}") from None
     if device is not None:
         model.to(device)  # type: ignore[arg-type]
     return model

@@ -102,9 +102,12 @@ class ModelPolicy:
 
 
 def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: int | None = None,
-                device: str | None = None) -> Policy:
+                device: str | None = None, engine: str = "hf", engine_opts: dict[str, Any] | None = None) -> Policy:
     """``expert``, ``random``, a scripted bandit algorithm (``ucb``, ``ucb:c=2``, ``linucb``,
-    ``thompson``, ``epsilon-greedy:eps=0.1``, ``greedy``), or a model directory / hub id / ``tiny``."""
+    ``thompson``, ``epsilon-greedy:eps=0.1``, ``greedy``), or a model directory / hub id / ``tiny``.
+
+    Models generate with ``engine``: ``hf`` (transformers, any device) or ``vllm`` (GPU; the
+    optional extra; ``engine_opts`` go to :class:`~turnrl.rollout.vllm_engine.VLLMEngine`)."""
     if spec == "expert":
         return ExpertPolicy()
     if spec == "random":
@@ -114,18 +117,43 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     scripted = load_scripted(spec)
     if scripted is not None:
         return scripted
-    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
     from turnrl.rollout.engine import HFEngine
+    from turnrl.rollout.vllm_engine import ENGINES, VLLMEngine, import_vllm
 
+    if engine not in ENGINES:
+        from turnrl.errors import unknown
+
+        raise unknown("engine", engine, ENGINES)
+    if engine == "vllm":
+        import_vllm()  # a missing install fails before anything loads
+        path = resolve_model_path(spec)
+        tok = load_tokenizer(spec)
+        chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
+        vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
+        return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec)
     tok = load_tokenizer(spec)
     model = load_model(spec, device=device)
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
-    engine = HFEngine(model, tok, chat.stop_token_ids)
-    return ModelPolicy(engine, chat, sampling or SamplingConfig(), history=history, name=spec)
+    hf = HFEngine(model, tok, chat.stop_token_ids)
+    return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec)
 
 
 def _gen_eos(model: Any) -> list[int]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _path_eos(path: str) -> list[int]:
+    """The generation config's end-of-sequence ids of a model directory / hub id (no weights loaded)."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except (OSError, ValueError):
+        return []
     if eos is None:
         return []
     return [eos] if isinstance(eos, int) else list(eos)

@@ -45,8 +45,9 @@ marks a finished run.
 
 Departures and limits: under fp16 a non-finite gradient norm is the loss scaler's business
 (the step is skipped, as in the HF Trainer); under bf16/fp32 it stops the run. DeepSpeed's
-engine scales the loss by its own accumulation setting; use DDP or FSDP for exact
-accumulation.
+engine steps after every backward and clips with its own ``gradient_clipping`` setting, so
+under DeepSpeed ``grad_accum`` must be 1 (a global batch is then one micro-batch per
+process, still exact); DDP and FSDP accumulate exactly over micro-batches too.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class LoraSettings(Config):
     alpha: int = 16
     dropout: float = 0.05
     target_modules: list[str] | str = "all-linear"
+    #: modules trained in full next to the adapter (e.g. PPO's ``value_head``)
+    modules_to_save: list[str] | None = None
 
 
 class TrainConfig(Config):
@@ -249,7 +252,20 @@ def _make_accelerator(mixed_precision: str) -> Accelerator:
                     "set them to the same value"
                 )
             AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=mixed_precision, step_scheduler_with_optimizer=False)
+    return Accelerator(mixed_precision=mixed_precision, step_scheduler_with_optimizer=False, cpu=_cpu_only_launch())
+
+
+def _cpu_only_launch() -> bool:
+    """True in a multi-process launch (``WORLD_SIZE`` > 1) on a machine without a GPU.
+
+    ``accelerate launch`` starts processes with torchrun (``distributed_type: MULTI_GPU``) or,
+    for ``MULTI_CPU``, only through mpirun; under torchrun accelerate picks the gloo CPU
+    backend only when told ``cpu=True``, otherwise each process would train alone.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    xpu = getattr(torch, "xpu", None)
+    return not torch.cuda.is_available() and not (xpu is not None and xpu.is_available())
 
 
 def _is_peft(model: Any) -> bool:
@@ -288,6 +304,7 @@ class Trainer:
         eval_fn: Callable[[Any, int], dict[str, float]] | None = None,
         accelerator: Accelerator | None = None,
         run_config: dict[str, Any] | None = None,
+        before_step: Callable[[int], dict[str, float] | None] | None = None,
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
@@ -303,9 +320,18 @@ class Trainer:
         self.tokenizer = tokenizer
         self.eval_fn = eval_fn
         self.run_config = run_config
+        #: called with the 0-based step before each optimizer step (online algorithms collect
+        #: new data into ``dataset`` there, e.g. PPO's rollouts); returned numbers are logged
+        #: in that step's record. It must be deterministic given the model and the RNG state.
+        self.before_step = before_step
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)})
         self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
         acc = self.accelerator
+        if str(acc.distributed_type).endswith("DEEPSPEED") and cfg.grad_accum != 1:
+            raise TurnRLError(
+                f"train.grad_accum={cfg.grad_accum} under DeepSpeed: its engine steps after every backward; "
+                "set grad_accum=1 and raise batch_size (or the number of processes) instead"
+            )
         self.num_processes = acc.num_processes
         self.global_batch = cfg.batch_size * cfg.grad_accum * self.num_processes
         self.batches_per_epoch = math.ceil(len(dataset) / self.global_batch)
@@ -326,6 +352,7 @@ class Trainer:
                     lora_alpha=cfg.lora.alpha,
                     lora_dropout=cfg.lora.dropout,
                     target_modules=cfg.lora.target_modules,
+                    modules_to_save=cfg.lora.modules_to_save,
                 ),
             )
         if cfg.gradient_checkpointing:
@@ -430,7 +457,9 @@ class Trainer:
             with self._progress() as progress:
                 task = progress.add_task("train", total=self.total_steps, completed=start_step, loss="-")
                 for step in range(start_step, self.total_steps):
+                    pre = self.before_step(step) if self.before_step is not None else None
                     record = self._optimizer_step(step)
+                    record.update(pre or {})
                     last_loss = record["loss"]
                     done = step + 1
                     record["time"] = round(time.time() - t0, 3)
@@ -494,12 +523,9 @@ class Trainer:
         packed = acc.reduce(packed, "sum")
         denom = units if units > 0 else 1.0
         loss_value = float(packed[0].item()) / denom
-        grad_norm = float(
-            acc.clip_grad_norm_(
-                self._params, self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
-            )
-        )
-        bad_norm = not math.isfinite(grad_norm) and self.cfg.mixed_precision != "fp16"
+        norm = acc.clip_grad_norm_(self._params, self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf)
+        grad_norm = float(norm) if norm is not None else math.nan  # DeepSpeed may not report it
+        bad_norm = norm is not None and not math.isfinite(grad_norm) and self.cfg.mixed_precision != "fp16"
         if not math.isfinite(loss_value) or bad_norm:
             self.optimizer.zero_grad(set_to_none=True)
             last = latest_checkpoint(self.out_dir)

@@ -19,15 +19,30 @@ log-prob of a token is the same as in a separate forward pass of its sequence (a
 checks it). This needs an attention implementation that takes a custom 4-D mask (``sdpa``,
 ``eager``; not ``flash_attention_2``, for which ``shared_prefix=false`` falls back to
 :func:`pack`).
+
+Under ``sdpa`` the 4-D mask is not what attention runs on: a dense masked attention over a
+row computes every query against every key of the row (the kernel cannot skip masked
+blocks), so a pair would pay for its chosen suffix attending to its rejected suffix, and for
+the padding. :func:`token_logps` instead runs attention segment by segment
+(:func:`segment_attention`, registered with ``transformers.AttentionInterface`` for the
+duration of the forward pass): each prefix is one causal attention call (the kernel skips
+the upper triangle), each suffix one call of its queries against ``[prefix | suffix]``
+keys; padding is never attended. The result is the same up to float rounding (a test checks
+it against the 4-D mask and against separate sequences).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+#: one row's layout: ``(prefix start, prefix length, [(suffix start, suffix length), ...])`` per unit
+RowSegments = list[tuple[int, int, list[tuple[int, int]]]]
 
 
 class Tokenized(Protocol):
@@ -52,6 +67,8 @@ class PackedBatch:
     #: [R, 1, W, W] bool, True where a query (dim 2) may attend to a key (dim 3); None for
     #: plain packing (block-diagonal from ``position_ids``)
     attention_mask: torch.Tensor | None = None
+    #: the shared-prefix layout of every row (see :func:`segment_attention`); None for plain packing
+    segments: list[RowSegments] | None = None
 
 
 def _first_fit_decreasing(lengths: Sequence[int], row_tokens: int) -> tuple[list[list[int]], list[int]]:
@@ -117,20 +134,25 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
     labels: list[int] = []
     seq_idx: list[int] = []
     turn_idx: list[int] = []
+    segments: list[RowSegments] = []
     for r, members in enumerate(rows):
         col = 0
+        row_segments: RowSegments = []
         for g, u_i in enumerate(members):
             unit, p = units[u_i], prefix[u_i]
             ids[r, col : col + p] = torch.tensor(unit[0].input_ids[:p], dtype=torch.long)
             pos[r, col : col + p] = torch.arange(p)
             group[r, col : col + p] = g
             base, col = col, col + p
+            row_segments.append((base, p, []))
             for b, s in enumerate(unit):
                 n = len(s.input_ids)
                 ids[r, col : col + n - p] = torch.tensor(s.input_ids[p:], dtype=torch.long)
                 pos[r, col : col + n - p] = torch.arange(p, n)
                 group[r, col : col + n - p] = g
                 branch[r, col : col + n - p] = b + 1
+                if n > p:
+                    row_segments[-1][2].append((col, n - p))
                 start = col
                 for j in range(1, n):
                     if s.action_mask[j]:
@@ -141,6 +163,7 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
                         seq_idx.append(first_seq[u_i] + b)
                         turn_idx.append(s.turn_index[j])
                 col += n - p
+        segments.append(row_segments)
     mask = None
     if shared:
         q = torch.arange(width)
@@ -161,6 +184,7 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
         computed_tokens=len(rows) * width,
         real_tokens=sum(fill),
         attention_mask=mask,
+        segments=segments if shared else None,
     )
 
 
@@ -181,6 +205,93 @@ def _model_mask(model: Any, mask: torch.Tensor, device: Any) -> torch.Tensor:
     return mask
 
 
+_SEGMENT_ATTENTION = "turnrl_segments"
+_active_segments: contextvars.ContextVar[tuple[list[RowSegments], dict[Any, torch.Tensor]] | None] = (
+    contextvars.ContextVar("turnrl_segments", default=None)
+)
+
+
+def segment_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over a shared-prefix layout, one ``sdpa`` call per prefix and per suffix.
+
+    ``query`` is ``[R, heads, W, dim]`` (``key``/``value`` may have fewer heads: GQA is left
+    to transformers' ``sdpa_attention_forward``). Returns ``[R, W, heads, dim]`` like it; padding
+    positions get zeros (no token attends to them and nothing reads them). Outside
+    :func:`token_logps` (no layout set) this is plain ``sdpa`` attention with ``attention_mask``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    active = _active_segments.get()
+    if active is None or query.shape[0] != len(active[0]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    layout, masks = active
+    width = query.shape[2]
+    rows = []
+    for r, units in enumerate(layout):
+        pieces = []
+        used = 0
+        for start, p, suffixes in units:
+            pk, pv = key[r : r + 1, :, start : start + p], value[r : r + 1, :, start : start + p]
+            if p:
+                out, _ = sdpa_attention_forward(module, query[r : r + 1, :, start : start + p], pk, pv, None,
+                                                dropout=dropout, scaling=scaling, is_causal=True)
+                pieces.append(out)
+            for s0, n in suffixes:
+                q = query[r : r + 1, :, s0 : s0 + n]
+                k = torch.cat([pk, key[r : r + 1, :, s0 : s0 + n]], dim=2)
+                v = torch.cat([pv, value[r : r + 1, :, s0 : s0 + n]], dim=2)
+                mask = masks.get((p, n))
+                if mask is None:
+                    mask = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
+                    mask[:, p:] = torch.tril(mask[:, p:])
+                    mask = masks.setdefault((p, n), mask[None, None])
+                out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling)
+                pieces.append(out)
+            used = max(used, start + p + sum(n for _, n in suffixes))
+        if used < width:
+            shape = pieces[0].shape if pieces else (1, 0, query.shape[1], value.shape[-1])
+            pieces.append(query.new_zeros(1, width - used, shape[2], shape[3]))
+        rows.append(torch.cat(pieces, dim=1))
+    return torch.cat(rows, dim=0), None
+
+
+def _config(model: Any) -> Any:
+    return getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+
+
+@contextlib.contextmanager
+def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
+    """Run the model's attention as :func:`segment_attention` over ``batch``'s layout, when the
+    model uses ``sdpa`` (other implementations keep the 4-D mask). Under gradient
+    checkpointing the backward pass recomputes attention outside this context, on the 4-D
+    mask: the same values up to rounding, at the dense cost."""
+    config = _config(model)
+    impl = getattr(config, "_attn_implementation", None)
+    if batch.segments is None or impl != "sdpa":
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_SEGMENT_ATTENTION, segment_attention)
+    token = _active_segments.set((batch.segments, {}))
+    config._attn_implementation = _SEGMENT_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = impl
+        _active_segments.reset(token)
+
+
 def token_logps(model: Any, batch: PackedBatch) -> torch.Tensor:
     """``log p(label | prefix)`` at every kept position, ``[K]`` float32, with grad."""
     device = next(model.parameters()).device
@@ -196,11 +307,12 @@ def token_logps(model: Any, batch: PackedBatch) -> torch.Tensor:
     extra: dict[str, Any] = {}
     if batch.attention_mask is not None:
         extra["attention_mask"] = _model_mask(model, batch.attention_mask, device)
-    try:
-        out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=union.to(device), **extra)
-        logits = out.logits[rows.to(device), col_in_union.to(device)]  # [K, V]
-    except TypeError:  # a model without logits_to_keep: full logits
-        out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra)
-        logits = out.logits[rows.to(device), cols.to(device)]
+    with _segments_active(model, batch):
+        try:
+            out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=union.to(device), **extra)
+            logits = out.logits[rows.to(device), col_in_union.to(device)]  # [K, V]
+        except TypeError:  # a model without logits_to_keep: full logits
+            out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra)
+            logits = out.logits[rows.to(device), cols.to(device)]
     logps = torch.log_softmax(logits.float(), dim=-1)
     return logps.gather(-1, batch.labels.to(device).unsqueeze(-1)).squeeze(-1)

@@ -71,12 +71,17 @@ class PreferenceConfig(TrainConfig):
     """Reference model; None = the starting model (adapter-disabled base under LoRA)."""
     max_length: int = 4096
     row_tokens: int = 1024
-    """Tokens per packed row. Attention inside a row is dense (a 4-D mask), so shorter rows are
-    cheaper; a unit longer than this gets a row of its own."""
+    """Tokens per packed row; a unit longer than this gets a row of its own. Under ``sdpa``
+    attention runs segment by segment, so this bounds the row padding and memory; under
+    ``eager`` attention is dense over a row (a 4-D mask), so shorter rows are cheaper."""
     shared_prefix: bool = True
     """Compute a unit's common prefix once (needs an attention implementation taking 4-D masks)."""
     ref_batch_tokens: int = 16384
     """Tokens per forward pass while precomputing reference log-probs."""
+    history: int | None = None
+    """Earlier exchanges in each turn's context, as the agent saw them when acting (``None``: the
+    whole trajectory is one sequence). With a window, each turn is its own sequence (its
+    :func:`~turnrl.agent.prompting.agent_view`) and a side's log-prob sums them."""
 
 
 @dataclass
@@ -86,7 +91,9 @@ class Unit:
     seqs: list[Encoded]
     num_turns: list[int]
     win_rate: float = 0.5
-    ref: torch.Tensor | None = None  # [len(seqs), max(num_turns)] per-turn reference log-probs
+    ref: torch.Tensor | None = None  # [len(num_turns), max(num_turns)] per-turn reference log-probs
+    sides: list[int] | None = None
+    """Which side (chosen 0 / rejected 1) each sequence is, when a side is several per-turn views."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -103,6 +110,35 @@ def _encode(chat: ChatFormat, traj: Trajectory, start: int, max_length: int) -> 
     return chat.encode(traj.messages, trainable_turns=turns, turn_offset=-start, max_length=max_length)
 
 
+def _encode_views(chat: ChatFormat, traj: Trajectory, start: int, cfg: PreferenceConfig) -> list[Encoded]:
+    """One sequence per agent turn from ``start`` on, each the context the agent had
+    (``history`` window); turn indices count from ``start``."""
+    from turnrl.agent.prompting import agent_view
+
+    out = []
+    for turn in range(start, traj.num_turns):
+        view, local = agent_view(traj.messages, turn, cfg.history)
+        enc = chat.encode(view, trainable_turns=[local], turn_offset=turn - local - start, max_length=cfg.max_length)
+        if enc is not None and enc.num_turns:
+            out.append(enc)
+    return out
+
+
+def _view_unit(chat: ChatFormat, trajs: Sequence[Trajectory], start: int, cfg: PreferenceConfig,
+               win_rate: float = 0.5) -> Unit | None:
+    seqs: list[Encoded] = []
+    sides: list[int] = []
+    turns: list[int] = []
+    for side, t in enumerate(trajs):
+        views = _encode_views(chat, t, start, cfg)
+        if not views:
+            return None
+        seqs += views
+        sides += [side] * len(views)
+        turns.append(max(max(x for x in v.turn_index if x >= 0) for v in views) + 1)
+    return Unit(seqs, turns, win_rate=win_rate, sides=sides)
+
+
 def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tuple[list[Unit], dict[str, int]]:
     """Read pairs (or SPPO scored samples) and tokenize them into units."""
     p = Path(path)
@@ -116,6 +152,13 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
         for i, t in enumerate(samples):
             if "win_rate" not in t.meta:
                 raise TurnRLError(f"{p}:{i + 1}: meta.win_rate missing; write SPPO data with `turnrl pairs --scored`")
+            if cfg.history is not None:
+                u = _view_unit(chat, [t], _train_from(t.meta), cfg, float(t.meta["win_rate"]))
+                if u is None:
+                    stats["skipped_too_long"] += 1
+                else:
+                    units.append(u)
+                continue
             enc = _encode(chat, t, _train_from(t.meta), cfg.max_length)
             if enc is None or enc.num_turns == 0:
                 stats["skipped_too_long"] += 1
@@ -127,6 +170,13 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
         stats["records"] = len(pairs)
         for pair in pairs:
             start = _train_from(pair.meta)
+            if cfg.history is not None:
+                u = _view_unit(chat, [pair.chosen, pair.rejected], start, cfg)
+                if u is None:
+                    stats["skipped_too_long"] += 1
+                else:
+                    units.append(u)
+                continue
             c = _encode(chat, pair.chosen, start, cfg.max_length)
             r = _encode(chat, pair.rejected, start, cfg.max_length)
             if c is None or r is None or c.num_turns == 0 or r.num_turns == 0:
@@ -159,7 +209,11 @@ def unit_turn_logps(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, pa
     out, at = [], 0
     for u in units:
         n = len(u.seqs)
-        out.append(per_turn[at : at + n, : max(u.num_turns)])
+        rows = per_turn[at : at + n, : max(u.num_turns)]
+        if u.sides is not None:  # per-turn views: a side's turns are spread over its views' rows
+            index = torch.tensor(u.sides, device=rows.device)
+            rows = rows.new_zeros(len(u.num_turns), rows.shape[1]).index_add(0, index, rows)
+        out.append(rows)
         at += n
     return out
 
@@ -269,8 +323,11 @@ def compute_reference(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, 
 def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig) -> Path:
     from turnrl.models.loading import turnrl_home
 
-    settings = json.dumps({"max_length": cfg.max_length, "loss_kind": cfg.loss == "sppo",
-                           "mp": cfg.mixed_precision}, sort_keys=True)
+    key_settings: dict[str, Any] = {"max_length": cfg.max_length, "loss_kind": cfg.loss == "sppo",
+                                    "mp": cfg.mixed_precision}
+    if cfg.history is not None:
+        key_settings["history"] = cfg.history
+    settings = json.dumps(key_settings, sort_keys=True)
     key = hashlib.sha256(f"{ref_fingerprint}/{data_hash}/{settings}".encode()).hexdigest()[:24]
     return turnrl_home() / "ref_logps" / f"{key}.pt"
 
@@ -279,7 +336,7 @@ def attach_reference(units: Sequence[Unit], refs: Sequence[torch.Tensor]) -> Non
     if len(refs) != len(units):
         raise TurnRLError(f"reference cache holds {len(refs)} entries for {len(units)} units; delete it and rerun")
     for u, r in zip(units, refs, strict=True):
-        if tuple(r.shape) != (len(u.seqs), max(u.num_turns)):
+        if tuple(r.shape) != (len(u.num_turns), max(u.num_turns)):
             raise TurnRLError("reference cache does not match the data; delete it and rerun")
         u.ref = r
 

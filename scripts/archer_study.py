@@ -1,0 +1,252 @@
+"""ArCHer vs filtered BC vs CHAI (vs PPO when ``turnrl train ppo`` exists) on tic-tac-toe.
+
+    python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 2
+
+1. the starting policy: the tiny tic-tac-toe model SFT'd briefly on few minimax demos
+   (``--demos`` games, ``--sft-epochs`` epochs), so that there is room to improve;
+2. each method and seed: ``turnrl train <method>`` from that policy with the same budget of
+   iterations (so about the same number of environment steps), evaluated before training
+   and at the end on ``eval_episodes`` seen-split games (seed-dependent episodes and
+   sampling, temperature 1 -- the policy being trained);
+3. ``results.json``, ``results.md`` (the table) and the plots ``return_vs_steps.png`` and
+   ``final_return.png`` (also copied to ``--img`` when given).
+
+Every stage is skipped when its output is complete, so a killed study resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+INSTRUCTION = ("Play tic-tac-toe. Cells are numbered 0-8; an empty cell shows its number. Answer as:\n"
+               "Thought: <reason>\nAction: <cell>")
+COMMON = [
+    "prompt.history=0", "env_opts.opponent=random", "prompt.invalid_penalty=-1", f"prompt.instruction={json.dumps(INSTRUCTION)}",
+    "episodes_per_iteration=16", "num_envs=16", "sampling.max_new_tokens=32", "state_system=false",
+    "critic.joint=true", "critic_steps=10", "critic.batch_size=16", "warmup_iterations=3",
+]
+METHODS = {"archer": ["actor.lr=1e-4"], "filtered_bc": ["bc_steps=3", "actor.lr=1e-4"], "chai": []}
+#: ``turnrl train ppo`` (issue 9's RLFT trainer) with the same prompt, budget and penalty; its
+#: other settings are its defaults
+PPO = ["history=0", "invalid_penalty=-1", f"instruction={json.dumps(INSTRUCTION)}", "episodes_per_iter=16", "num_envs=16",
+       "max_new_tokens=32"]
+
+
+def eval_model(model: Path, seed: int, episodes: int) -> dict:
+    """The online runs' evaluation (OnlineRun.evaluate) of a saved model: the same planned
+    seen-split episodes, sampling seed and settings."""
+    import numpy as np
+    import torch
+
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.collect import run_policy
+    from turnrl.rollout import SamplingConfig, load_policy
+
+    torch.set_num_threads(1)
+    eval_seed = 1000 + seed
+    pol = load_policy(str(model), sampling=SamplingConfig(temperature=1.0, max_new_tokens=32), history=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(eval_seed)
+        trajs = run_policy(pol, "tictactoe", split="seen", episodes=episodes, env_opts={"opponent": "random"},
+                           num_envs=32, seed=eval_seed,
+                           prompt=PromptConfig(instruction=INSTRUCTION, history=0, invalid_penalty=-1))
+    return {"return": float(np.mean([t.return_ for t in trajs])),
+            "env_steps_per_episode": float(np.mean([t.num_turns for t in trajs]))}
+
+
+def run_ppo(seed: int, model: Path, out: Path, iterations: int, eval_episodes: int) -> Path:
+    run = out / f"ppo-s{seed}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
+    if not (run / "summary.json").is_file():
+        cmd = [sys.executable, "-m", "turnrl", "train", "ppo", "--model", str(model), "--env", "tictactoe",
+               "--out", str(run), "--env-opt", "opponent=random", *PPO, f"seed={seed}", f"iterations={iterations}"]
+        if (run / "checkpoints").is_dir():
+            cmd.append("--resume")
+        with open(out / f"ppo-s{seed}.log", "w") as log:
+            subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if not (run / "study_eval.json").is_file():
+        res = {"start": eval_model(model, seed, eval_episodes), "final": eval_model(run / "model", seed, eval_episodes)}
+        (run / "study_eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    return run
+
+
+def start_policy(out: Path, demos: int, epochs: float) -> Path:
+    import torch
+
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.collect import run_policy
+    from turnrl.models.tiny import build_tiny
+    from turnrl.rollout.policies import ExpertPolicy
+    from turnrl.train.sft import SFTConfig, train_sft
+
+    torch.set_num_threads(1)
+    model = out / "start" / "model"
+    if (out / "start" / "summary.json").is_file():
+        return model
+    tiny = out / "tiny"
+    if not (tiny / "config.json").is_file():
+        build_tiny(tiny, env_names=("tictactoe",))
+    data = out / "demos.jsonl"
+    run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=demos, env_opts={"opponent": "random"},
+               out=data, num_envs=64, prompt=PromptConfig(instruction=INSTRUCTION, history=0))
+    cfg = SFTConfig(epochs=epochs, batch_size=16, lr=2e-3, row_tokens=1024, history=0, warmup_ratio=0.03, seed=0)
+    train_sft(str(tiny), data, out / "start", cfg, resume=True)
+    return model
+
+
+def run_one(method: str, seed: int, model: Path, out: Path, iterations: int, eval_episodes: int) -> Path:
+    if method == "ppo":
+        return run_ppo(seed, model, out, iterations, eval_episodes)
+    run = out / f"{method}-s{seed}"
+    if (run / "summary.json").is_file() and json.loads((run / "summary.json").read_text()).get("eval"):
+        return run
+    cmd = [sys.executable, "-m", "turnrl", "train", method.replace("_", "-"), "--model", str(model),
+           "--env", "tictactoe", "--out", str(run), *COMMON, *METHODS[method], f"seed={seed}",
+           f"iterations={iterations}", f"eval_every={iterations}", f"eval_episodes={eval_episodes}",
+           f"eval_seed={1000 + seed}"]
+    if (run / "checkpoints").is_dir():
+        cmd.append("--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
+    with open(out / f"{method}-s{seed}.log", "w") as log:
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return run
+
+
+def iterations_of(run: Path) -> int:
+    """Episodes a PPO run trained on (iterations x episodes per iteration)."""
+    rc = json.loads((run / "summary.json").read_text()).get("run_config") or {}
+    ppo = rc.get("ppo") or rc.get("config") or {}
+    return int(ppo.get("iterations", 0)) * int(ppo.get("episodes_per_iter", 0))
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from turnrl.stats import mean_ci95, overlap
+
+    res: dict = {"methods": {}}
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for method in methods:
+        runs = [out / f"{method}-s{s}" for s in seeds if (out / f"{method}-s{s}" / "summary.json").is_file()]
+        if not runs:
+            continue
+        if method == "ppo":
+            runs = [r for r in runs if (r / "study_eval.json").is_file()]
+            if not runs:
+                continue
+            ev = [json.loads((r / "study_eval.json").read_text()) for r in runs]
+            start, final = [e["start"]["return"] for e in ev], [e["final"]["return"] for e in ev]
+            m0, ci0 = mean_ci95(start)
+            m1, ci1 = mean_ci95(final)
+            res["methods"][method] = {
+                "seeds": len(runs), "env_steps": float("nan"), "start": m0, "start_ci": ci0, "final": m1,
+                "final_ci": ci1, "start_per_seed": start, "final_per_seed": final,
+                "improved_nonoverlapping": bool(ci1[0] > ci0[1]),
+                "train_invalid_first": float("nan"), "train_invalid_last": float("nan"),
+                "episodes": len(runs) and iterations_of(runs[0]),
+            }
+            continue
+        data = [rows(r) for r in runs]
+        start = [d[0]["eval/return"] for d in data]
+        final = [d[-1]["eval/return"] for d in data]
+        steps = [d[-1]["env_steps"] for d in data]
+        inv0 = [d[1]["train/invalid"] for d in data]
+        inv1 = [d[-1]["train/invalid"] for d in data]
+        m0, ci0 = mean_ci95(start)
+        m1, ci1 = mean_ci95(final)
+        res["methods"][method] = {
+            "seeds": len(runs), "env_steps": float(np.mean(steps)), "start": m0, "start_ci": ci0, "final": m1,
+            "final_ci": ci1, "start_per_seed": start, "final_per_seed": final,
+            "improved_nonoverlapping": bool(ci1[0] > ci0[1]) and not overlap(ci0, ci1),
+            "train_invalid_first": float(np.mean(inv0)), "train_invalid_last": float(np.mean(inv1)),
+        }
+        # training return against environment steps (mean over seeds, iteration by iteration)
+        n = min(len(d) for d in data)
+        xs = np.mean([[r["env_steps"] for r in d[1:n]] for d in data], axis=0)
+        ys = np.array([[r["train/return"] for r in d[1:n]] for d in data])
+        k = 3
+        smooth = np.array([np.convolve(y, np.ones(k) / k, mode="valid") for y in ys])
+        mu = smooth.mean(axis=0)
+        line, = ax.plot(xs[k - 1:], mu, label=method)
+        if len(runs) > 1:
+            sd = smooth.std(axis=0, ddof=1) / np.sqrt(len(runs))
+            ax.fill_between(xs[k - 1:], mu - sd, mu + sd, alpha=0.2, color=line.get_color())
+        ax.errorbar([0, float(np.mean(steps))], [m0, m1], yerr=[[m0 - ci0[0], m1 - ci1[0]], [ci0[1] - m0, ci1[1] - m1]],
+                    fmt="o", color=line.get_color(), capsize=3)
+    ax.set_xlabel("environment steps (agent turns)")
+    ax.set_ylabel("return (win 1, loss -1, invalid move -1)")
+    ax.set_title("tic-tac-toe vs random: training return (lines, 3-iter mean)\nand eval return ± 95% CI (points)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "return_vs_steps.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = list(res["methods"])
+    for i, m in enumerate(names):
+        r = res["methods"][m]
+        for j, (key, label) in enumerate((("start", "start"), ("final", "final"))):
+            mu, ci = r[key], r[f"{key}_ci"]
+            ax.bar(i * 3 + j, mu, yerr=[[mu - ci[0]], [ci[1] - mu]], capsize=4, color="C0" if j == 0 else "C1",
+                   label=label if i == 0 else None)
+    ax.set_xticks([i * 3 + 0.5 for i in range(len(names))], names)
+    ax.set_ylabel("eval return (95% CI over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "final_return.png", dpi=120)
+    plt.close(fig)
+
+    lines = ["| method | seeds | env steps | start return [95% CI] | final return [95% CI] | final > start, CIs apart |"
+             " train invalid rate first → last iteration |", "|---|---|---|---|---|---|---|"]
+    for m, r in res["methods"].items():
+        lines.append(f"| {m} | {r['seeds']} | {r['env_steps']:.0f} | {r['start']:.3f} [{r['start_ci'][0]:.3f}, "
+                     f"{r['start_ci'][1]:.3f}] | {r['final']:.3f} [{r['final_ci'][0]:.3f}, {r['final_ci'][1]:.3f}] | "
+                     f"{'yes' if r['improved_nonoverlapping'] else 'no'} | {r['train_invalid_first']:.2f} → "
+                     f"{r['train_invalid_last']:.2f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    print("\n".join(lines))
+    if img is not None:
+        img.mkdir(parents=True, exist_ok=True)
+        for f in ("return_vs_steps.png", "final_return.png"):
+            shutil.copy(out / f, img / f)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/archer_study"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--methods", nargs="+", default=["archer", "filtered_bc", "chai", "ppo"])
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--eval-episodes", type=int, default=100)
+    ap.add_argument("--demos", type=int, default=150)
+    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--img", type=Path, default=None, help="Also copy the plots here (docs/img/archer).")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = start_policy(args.out, args.demos, args.sft_epochs)
+    jobs = [(m, s) for m in args.methods for s in args.seeds]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(lambda ms: run_one(ms[0], ms[1], model, args.out, args.iterations, args.eval_episodes), jobs))
+    report(args.out, args.methods, args.seeds, args.img)
+
+
+if __name__ == "__main__":
+    main()

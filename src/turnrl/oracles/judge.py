@@ -1,0 +1,116 @@
+"""An LLM judge as preference oracle, through any causal LM directory or hub id.
+
+The judge sees the task and two attempts, labelled A and B, and is asked which is better.
+Instead of generating and parsing a verdict, the probability is read off the next-token
+distribution right after the prompt (and the answer prefix ``Answer:``):
+
+.. math::  p_{AB} = \\frac{e^{\\ell_A}}{e^{\\ell_A} + e^{\\ell_B}}
+
+with :math:`\\ell_A, \\ell_B` the logits of the first token of ``" A"`` and ``" B"``. Each
+query is asked in both orders and ``P(i, j) = (p_{ij} + 1 - p_{ji}) / 2``, which cancels a
+judge's position bias (:func:`~turnrl.oracles.preference_matrices` does the averaging, as the
+oracle is not symmetric by construction). :func:`parse_verdict` reads a generated verdict
+for users who prefer sampling.
+
+On the embedded tiny model (which never learned to judge) this runs end to end and returns
+probabilities near 1/2; it is meant for instruction-tuned hub models on a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from turnrl.oracles import Oracle, Query, render_task, render_trajectory
+from turnrl.tokenization import ChatFormat
+
+JUDGE_SYSTEM = ("You are a strict judge of agents solving multi-turn tasks. You compare two attempts at the "
+                "same task and say which attempt achieved the task better.")
+JUDGE_USER = ("Task:\n{task}\n\nAttempt A:\n{a}\n\nAttempt B:\n{b}\n\n"
+              "Which attempt is better? Answer with one letter, A or B.")
+ANSWER_PREFIX = "Answer:"
+
+_VERDICT = re.compile(r"\b([AB])\b")
+
+
+def parse_verdict(text: str) -> float | None:
+    """1.0 for a verdict of ``A``, 0.0 for ``B`` (the first standalone letter), else None."""
+    m = _VERDICT.search(text)
+    if m is None:
+        return None
+    return 1.0 if m.group(1) == "A" else 0.0
+
+
+class JudgeOracle(Oracle):
+    """The ``judge`` oracle (see the module docstring)."""
+
+    name = "judge"
+    symmetric = False
+
+    def __init__(self, model: str | Path, *, batch_size: int = 16, max_tokens: int = 1024,
+                 device: str | None = None, final_observation: bool = True):
+        from turnrl.models.loading import load_model, load_tokenizer
+
+        self.tok = load_tokenizer(str(model))
+        self.model = load_model(str(model), device=device)
+        self.model.eval()
+        self.chat = ChatFormat(self.tok)
+        self.batch_size = max(1, batch_size)
+        self.max_tokens = max_tokens
+        self.final_observation = final_observation
+        self.answer_ids = self._answer_prefix_ids()
+        self.token_a, self.token_b = self._letter_id("A"), self._letter_id("B")
+
+    def _answer_prefix_ids(self) -> list[int]:
+        return list(self.tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
+
+    def _letter_id(self, letter: str) -> int:
+        # the token the model would write after "Answer:": " A" where the tokenizer has it
+        for text in (f" {letter}", letter):
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            if ids:
+                return int(ids[0])
+        raise ValueError(f"the tokenizer cannot encode {letter!r}")
+
+    def _clip(self, text: str, budget: int) -> str:
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= budget:
+            return text
+        return "..." + str(self.tok.decode(ids[-budget:]))
+
+    def prompt(self, task_id: str, a: Any, b: Any) -> list[int]:
+        """Token ids of the judge prompt for ``(a, b)``, ending right before the verdict."""
+        budget = max(16, (self.max_tokens - 160) // 3)
+        user = JUDGE_USER.format(task=self._clip(render_task(a), budget),
+                                 a=self._clip(render_trajectory(a, final_observation=self.final_observation), budget),
+                                 b=self._clip(render_trajectory(b, final_observation=self.final_observation), budget))
+        ids = self.chat.prompt_ids([{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}])
+        return ids + self.answer_ids
+
+    @torch.no_grad()
+    def probs(self, queries: Sequence[Query]) -> list[float]:
+        prompts = [self.prompt(t, a, b) for t, a, b in queries]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out = [0.5] * len(prompts)
+        dev = next(self.model.parameters()).device
+        pad = self.tok.pad_token_id or 0
+        for s in range(0, len(order), self.batch_size):
+            idx = order[s : s + self.batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for r, i in enumerate(idx):
+                ids[r, : len(prompts[i])] = torch.tensor(prompts[i])
+                mask[r, : len(prompts[i])] = 1
+            logits = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).logits
+            last = mask.sum(1).to(dev) - 1
+            final = logits[torch.arange(len(idx), device=dev), last].float()
+            two = torch.stack([final[:, self.token_a], final[:, self.token_b]], dim=-1)
+            p = torch.softmax(two, dim=-1)[:, 0].double().cpu().tolist()
+            for i, v in zip(idx, p, strict=True):
+                out[i] = float(v)
+        return out

@@ -1,0 +1,440 @@
+"""``turnrl compare``: several methods over several seeds, one table with 95% CIs and plots.
+
+Per seed ``S`` (``OUT/seed-S/``): the expert demos and the SFT agent (:func:`prepare_base`),
+one greedy exploration of every train task by the SFT agent (``explore-sft.jsonl``, shared by
+every preference method so they differ only in their loss and pair filter), then each method
+as a resumable stage ``OUT/seed-S/<method>.json`` (its records) with its work under
+``OUT/seed-S/<method>/``. Built-in methods:
+
+* ``base`` -- the untrained base model (independent of the seed: evaluated once);
+* ``sft`` -- the SFT agent;
+* ``best_of_n`` -- N samples of the SFT agent a test task at temperature 1, the best by reward;
+* ``rft`` -- the SFT agent fine-tuned on the demos plus its successful explored samples;
+* ``eto`` -- the ETO loop with trajectory DPO for ``pipeline.iterations`` iterations (one record
+  per iteration: the reward-by-iteration plot);
+* ``dmpo`` -- one DMPO iteration for every ``dmpo_gammas`` x ``loser_settings``, plus the DPO
+  iteration in the loser settings the ETO run does not cover (the gamma plot);
+* ``loser_length`` -- DPO and DMPO (the smallest gamma) with noisy losers cut to the winner's
+  length plus each of ``truncate_ks`` (the loser-length plot, with the uncut runs).
+
+More methods plug in with :func:`register_method` (``sppo``: a function of a :class:`SeedRun`
+returning result records). Outputs: ``compare.json`` (``{"results": [...]}``, records as
+``turnrl eval`` writes them plus ``method``, ``seed`` and the variant's settings), ``compare.md``
+(avg reward and success per method and split: mean over seeds with a 95% CI across seeds)
+and the PNG plots ``reward_by_method.png``, ``reward_by_iteration.png``, ``dmpo_gamma.png`` and
+``loser_length.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from turnrl.config import Config
+from turnrl.data.io import read_trajectories
+from turnrl.errors import TurnRLError, did_you_mean
+from turnrl.pipelines.eto import (
+    EtoConfig,
+    best_of_n,
+    evaluate_model,
+    explore,
+    prepare_base,
+    rft,
+    run_pipeline,
+)
+from turnrl.pipelines.iterative import run_stage
+from turnrl.stats import mean_ci95, overlap
+from turnrl.train.core import atomic_write_json
+
+Log = Callable[[str], None]
+Record = dict[str, Any]
+
+
+class CompareConfig(Config):
+    """Settings of ``turnrl compare`` (``pipeline.*``: the shared ETO/DMPO pipeline settings)."""
+
+    out: str = "runs/compare"
+    seeds: list[int] = [0, 1, 2]
+    methods: list[str] = ["base", "sft", "best_of_n", "rft", "eto", "dmpo", "loser_length"]
+    pipeline: EtoConfig = EtoConfig()
+    best_of_n: int = 10
+    dmpo_gammas: list[float] = [0.1, 0.5, 0.9]
+    loser_settings: list[Literal["clean", "noisy"]] = ["clean", "noisy"]
+    truncate_ks: list[int] = [0]
+    dpo_from_eto: bool = True
+    """The DPO baseline in ``pipeline.losers`` is ETO's first iteration (the same agent,
+    exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
+    """Loser-length study: losers cut to the winner's turns plus k (empty: no study)."""
+
+
+@dataclass
+class SeedRun:
+    """What a method needs for one seed: settings, the SFT agent, its demos and exploration."""
+
+    cfg: CompareConfig
+    seed: int
+    dir: Path
+    pipe: EtoConfig
+    base_model: str
+    sft: str
+    expert: Path
+    explored: Path
+    log: Log | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def evaluate(self, model: str, out: Path, label: str, **kw: Any) -> list[Record]:
+        return run_stage(out, lambda p: evaluate_model(self.pipe, model, p, label, **kw), log=self.log)
+
+
+MethodFn = Callable[[SeedRun], list[Record]]
+METHODS: dict[str, MethodFn] = {}
+
+
+def register_method(name: str, fn: MethodFn) -> None:
+    """Add a method to ``turnrl compare`` (e.g. ``sppo``): ``fn(run)`` returns result records
+    (``evaluation.summarize`` dicts; ``method`` and ``seed`` are filled in if missing)."""
+    METHODS[name] = fn
+
+
+def _tag(records: list[Record], method: str, **extra: Any) -> list[Record]:
+    return [{**r, "method": r.get("method", method), **extra} for r in records]
+
+
+def _base(run: SeedRun) -> list[Record]:
+    out = Path(run.cfg.out) / "base-eval.json"  # the untrained model does not depend on the seed
+    return _tag(run.evaluate(run.base_model, out, "base"), "base")
+
+
+def _sft(run: SeedRun) -> list[Record]:
+    return _tag(run.evaluate(run.sft, run.dir / "sft-eval.json", "sft"), "sft")
+
+
+def _best_of_n(run: SeedRun) -> list[Record]:
+    n = run.cfg.best_of_n
+    out = run.dir / "best_of_n" / "eval.json"
+    return _tag(run_stage(out, lambda p: best_of_n(run.pipe, run.sft, p, n), log=run.log), "best_of_n", n=n)
+
+
+def _rft(run: SeedRun) -> list[Record]:
+    d = run.dir / "rft"
+    samples = d / "explore.jsonl"
+    p = run.pipe.model_copy(update={"self_play": True})  # K samples a task at sample_temperature
+    run_stage(samples, lambda o: explore(p, run.sft, o, 1, []), log=run.log)
+    trajs = read_trajectories(samples)
+    model = run_stage(d / "train", lambda o: rft(run.pipe, run.base_model, run.sft, run.expert, trajs, o, 1),
+                      log=run.log)
+    return _tag(run.evaluate(model, d / "eval.json", "rft"), "rft")
+
+
+def _pipeline(run: SeedRun, name: str, iterations: int, **update: Any) -> list[Record]:
+    pipe = run.pipe.model_copy(update={"iterations": iterations, **update})
+    summary = run_pipeline(pipe, run.dir / name, model=run.sft, expert=run.expert, first_explore=run.explored,
+                           label=name, log=run.log, eval_start=False)
+    out: list[Record] = []
+    for it in summary["iterations"]:
+        pairs = it["pairs"]
+        out += _tag(it["results"], name, iteration=it["iteration"], loss=pipe.loss, losers=pipe.losers,
+                    gamma=pipe.train.gamma if pipe.loss == "dmpo" else None, truncate_k=pipe.truncate_k,
+                    pairs=pairs.get("pairs"), loser_turns=pairs.get("avg_rejected_turns"))
+    return out
+
+
+def _eto(run: SeedRun) -> list[Record]:
+    return _pipeline(run, "eto", run.pipe.iterations, loss="dpo")
+
+
+def _dmpo(run: SeedRun) -> list[Record]:
+    cfg = run.cfg
+    out: list[Record] = []
+    for losers in cfg.loser_settings:
+        if not (cfg.dpo_from_eto and losers == run.pipe.losers):
+            out += _pipeline(run, f"dpo-{losers}", 1, loss="dpo", losers=losers)
+        for g in cfg.dmpo_gammas:
+            train = run.pipe.train.model_copy(update={"gamma": g})
+            out += _pipeline(run, f"dmpo-g{g:g}-{losers}", 1, loss="dmpo", losers=losers, train=train)
+    return out
+
+
+def _loser_length(run: SeedRun) -> list[Record]:
+    """DPO and DMPO (smallest gamma) with losers cut to the winner's turns plus k, noisy losers."""
+    cfg = run.cfg
+    out: list[Record] = []
+    g = min(cfg.dmpo_gammas) if cfg.dmpo_gammas else run.pipe.train.gamma
+    train = run.pipe.train.model_copy(update={"gamma": g})
+    for k in cfg.truncate_ks:
+        out += _pipeline(run, f"dpo-noisy-k{k}", 1, loss="dpo", losers="noisy", truncate_k=k)
+        out += _pipeline(run, f"dmpo-g{g:g}-noisy-k{k}", 1, loss="dmpo", losers="noisy", truncate_k=k, train=train)
+    return out
+
+
+for _name, _fn in (("base", _base), ("sft", _sft), ("best_of_n", _best_of_n), ("rft", _rft), ("eto", _eto),
+                   ("dmpo", _dmpo), ("loser_length", _loser_length)):
+    register_method(_name, _fn)
+
+from turnrl.pipelines.sppo import compare_method as _sppo  # noqa: E402  (SPPO iterations from the SFT agent)
+
+register_method("sppo", _sppo)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _check(cfg: CompareConfig) -> None:
+    for m in cfg.methods:
+        if m not in METHODS:
+            raise TurnRLError(f"methods: unknown method '{m}'{did_you_mean(m, list(METHODS))}; "
+                              f"choose from: {', '.join(METHODS)}")
+    if len(cfg.seeds) < 1 or len(set(cfg.seeds)) != len(cfg.seeds):
+        raise TurnRLError(f"seeds must be distinct and non-empty (got {cfg.seeds})")
+    if cfg.best_of_n < 1:
+        raise TurnRLError(f"best_of_n must be >= 1 (got {cfg.best_of_n})")
+    for g in cfg.dmpo_gammas:
+        if not 0 < g <= 1:
+            raise TurnRLError(f"dmpo_gammas: gamma must be in (0, 1] (got {g})")
+    cfg.pipeline.check()
+
+
+def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
+    """Prepare (or find) seed ``seed``'s SFT agent, demos and shared exploration."""
+    root = Path(cfg.out)
+    base_model = cfg.pipeline.base
+    if base_model == "tiny":  # one tiny model for every seed
+        from turnrl.models.tiny import build_tiny
+
+        def tiny(p: Path) -> str:
+            build_tiny(p, env_names=(cfg.pipeline.env,))
+            return str(p)
+
+        base_model = run_stage(root / "tiny", tiny, log=log)
+    pipe = cfg.pipeline.model_copy(update={"seed": seed, "base": base_model})
+    d = root / f"seed-{seed}"
+    sft, expert = prepare_base(pipe, d, log=log)
+    explored = d / "explore-sft.jsonl"
+    experts = read_trajectories(expert)
+    run_stage(explored, lambda p: explore(pipe, sft, p, 1, experts), log=log)
+    return SeedRun(cfg, seed, d, pipe, base_model if pipe.model is None else pipe.model, sft, expert, explored, log)
+
+
+def _method_stage(fn: MethodFn, run: SeedRun) -> Callable[[Path], list[Record]]:
+    return lambda _out: fn(run)
+
+
+def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
+    """Every method for every seed (each a resumable stage), then compare.json/.md and plots."""
+    _check(cfg)
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    records: list[Record] = []
+    for seed in cfg.seeds:
+        run = seed_run(cfg, seed, log)
+        for m in cfg.methods:
+            recs = run_stage(run.dir / f"{m}.json", _method_stage(METHODS[m], run), log=log, name=f"seed-{seed}/{m}")
+            records += [{**r, "method": r.get("method", m), "seed": seed} for r in recs]
+    atomic_write_json(root / "compare.json", {"results": records, "config": cfg.model_dump(mode="json")})
+    rows = aggregate(records)
+    (root / "compare.md").write_text(report(cfg, rows, records))
+    plot_all(cfg, records, rows, root)
+    from turnrl.evaluation import results_table
+
+    return {"out": str(root), "rows": rows, "table": results_table(
+        [{**r, "policy": r["method"], "episodes": r["seeds"]} for r in rows], title="compare (mean over seeds)")}
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def final_records(records: list[Record]) -> list[Record]:
+    """One record per (method, seed, split): a method's last iteration."""
+    last: dict[tuple[str, int, str], Record] = {}
+    for r in records:
+        key = (r["method"], r["seed"], r["split"])
+        if key not in last or r.get("iteration", 0) >= last[key].get("iteration", 0):
+            last[key] = r
+    return list(last.values())
+
+
+def aggregate(records: list[Record]) -> list[Record]:
+    """Per (method, split): mean avg reward and success over seeds with 95% CIs across seeds."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in final_records(records):
+        groups.setdefault((r["method"], r["split"]), []).append(r)
+    rows: list[Record] = []
+    for (method, split), rs in groups.items():
+        rew, rci = mean_ci95([r["avg_reward"] for r in rs])
+        suc, sci = mean_ci95([r["success_rate"] for r in rs])
+        inv, _ = mean_ci95([r["invalid_action_rate"] for r in rs])
+        turns, _ = mean_ci95([r["avg_turns"] for r in rs])
+        rows.append({"method": method, "split": split, "seeds": len(rs), "env": rs[0]["env"],
+                     "episodes_per_seed": rs[0]["episodes"], "avg_reward": round(rew, 4),
+                     "ci95": [round(rci[0], 4), round(rci[1], 4)], "success_rate": round(suc, 4),
+                     "success_ci95": [round(sci[0], 4), round(sci[1], 4)], "invalid_action_rate": round(inv, 4),
+                     "avg_turns": round(turns, 3), "per_seed": [r["avg_reward"] for r in rs],
+                     **{k: rs[0].get(k) for k in ("loss", "gamma", "losers", "truncate_k") if k in rs[0]},
+                     "loser_turns": _mean([r.get("loser_turns") for r in rs])})
+    return rows
+
+
+def _mean(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return round(sum(vals) / len(vals), 3) if vals else None
+
+
+def _row(rows: list[Record], method: str, split: str) -> Record | None:
+    return next((r for r in rows if r["method"] == method and r["split"] == split), None)
+
+
+def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
+    """The issue's claims, checked on the seen split."""
+    out = []
+    sft = _row(rows, "sft", "seen")
+    if sft is not None:
+        for r in rows:
+            if r["split"] != "seen" or r["method"] in ("sft", "base"):
+                continue
+            if r["method"] == "eto" or r["method"].startswith("dmpo-g") and "-k" not in r["method"]:
+                better = r["avg_reward"] > sft["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(sft["ci95"]))
+                out.append(f"- {r['method']} vs sft (seen): {r['avg_reward']:.3f} {_ci(r)} vs "
+                           f"{sft['avg_reward']:.3f} {_ci(sft)} -> "
+                           + ("**beats SFT (CIs do not overlap)**" if better else "not separated from SFT"))
+    dpo = _row(rows, "eto" if cfg.dpo_from_eto and cfg.pipeline.losers == "noisy" else "dpo-noisy", "seen")
+    if "noisy" in cfg.loser_settings and cfg.dmpo_gammas and dpo is not None:
+        g = min(cfg.dmpo_gammas)
+        dm = _row(rows, f"dmpo-g{g:g}-noisy", "seen")
+        if dm is not None:
+            if dpo["method"] == "eto":  # the same (first) iteration as the DMPO run
+                dpo = _first_iteration(rows, dpo)
+            out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
+                       f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
+                       + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
+                       + ("; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
+    return out
+
+
+def _first_iteration(rows: list[Record], eto_row: Record) -> Record:
+    return eto_row.get("_iter1", eto_row)
+
+
+def _ci(r: Record) -> str:
+    return f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+
+
+def iteration_rows(records: list[Record]) -> list[Record]:
+    """ETO's reward by iteration (0 = SFT) per split, mean and 95% CI over seeds."""
+    groups: dict[tuple[int, str], list[float]] = {}
+    for r in records:
+        if r["method"] == "sft":
+            groups.setdefault((0, r["split"]), []).append(r["avg_reward"])
+        elif r["method"] == "eto":
+            groups.setdefault((int(r["iteration"]), r["split"]), []).append(r["avg_reward"])
+    out = []
+    for (i, split), xs in sorted(groups.items()):
+        m, ci = mean_ci95(xs)
+        out.append({"iteration": i, "split": split, "avg_reward": m, "ci95": list(ci), "seeds": len(xs)})
+    return out
+
+
+def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str:
+    p = cfg.pipeline
+    lines = [
+        "# turnrl compare", "",
+        f"Env `{p.env}` {json.dumps(p.env_opts)}, seeds {cfg.seeds}, {p.eval_episodes} greedy episodes per split and "
+        f"seed (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task). Avg reward and success: mean over "
+        "seeds of each seed's mean, with a 95% CI across seeds (Student t).", "",
+        "| method | split | seeds | avg reward | 95% CI | success | 95% CI | invalid | loser turns |",
+        "|---|---|---:|---:|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        lt = "" if r.get("loser_turns") is None else f"{r['loser_turns']:.2f}"
+        lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | "
+                     f"{r['success_rate']:.3f} | [{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
+                     f"{r['invalid_action_rate']:.3f} | {lt} |")
+    it = iteration_rows(records)
+    if it:
+        lines += ["", "ETO (DPO) by iteration (0 = SFT):", "", "| iteration | split | avg reward | 95% CI |",
+                  "|---:|---|---:|---|"]
+        lines += [f"| {r['iteration']} | {r['split']} | {r['avg_reward']:.3f} | {_ci(r)} |" for r in it]
+    v = verdicts(cfg, _with_iter1(rows, records))
+    if v:
+        lines += ["", "Claims (seen split):", ""] + v
+    lines += ["", "![reward by method](reward_by_method.png)", "", "![reward by iteration](reward_by_iteration.png)",
+              "", "![DMPO gamma](dmpo_gamma.png)", "", "![loser length](loser_length.png)", ""]
+    return "\n".join(lines)
+
+
+def _with_iter1(rows: list[Record], records: list[Record]) -> list[Record]:
+    """Attach ETO's first-iteration aggregate (for like-for-like comparisons with 1-iteration runs)."""
+    first = aggregate([{**r, "method": "eto"} for r in records if r["method"] == "eto" and r.get("iteration") == 1])
+    out = []
+    for r in rows:
+        if r["method"] == "eto":
+            r = {**r, "_iter1": next((f for f in first if f["split"] == r["split"]), r)}
+        out.append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out: Path) -> None:
+    from turnrl.report import _plt, plot_rewards
+
+    main = [r for r in rows if not r["method"].startswith("dpo-") and "-k" not in r["method"]]
+    plot_rewards(main, out / "reward_by_method.png", label="method",
+                 title="avg reward by method (mean over seeds, 95% CI)")
+    plt = _plt()
+
+    def finish(fig: Any, ax: Any, path: Path, xlabel: str, title: str) -> None:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("avg reward")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    def bars(ax: Any, xs: list[float], pts: list[Record], **kw: Any) -> None:
+        ax.errorbar(xs, [r["avg_reward"] for r in pts], capsize=3, marker="o", **kw,
+                    yerr=[[r["avg_reward"] - r["ci95"][0] for r in pts], [r["ci95"][1] - r["avg_reward"] for r in pts]])
+
+    it = iteration_rows(records)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for split in dict.fromkeys(r["split"] for r in it):
+        pts = [r for r in it if r["split"] == split]
+        ax.errorbar([r["iteration"] for r in pts], [r["avg_reward"] for r in pts], capsize=3, marker="o",
+                    yerr=[[r["avg_reward"] - r["ci95"][0] for r in pts], [r["ci95"][1] - r["avg_reward"] for r in pts]],
+                    label=split)
+    finish(fig, ax, out / "reward_by_iteration.png", "ETO iteration (0 = SFT)", "ETO (DPO) reward by iteration")
+
+    seen = {r["method"]: r for r in _with_iter1(rows, records) if r["split"] == "seen"}
+
+    def dpo_row(losers: str) -> Record | None:
+        e = seen.get("eto")
+        if e is not None and e.get("losers") == losers:
+            return e.get("_iter1", e)  # ETO's first iteration = the 1-iteration DPO run
+        return seen.get(f"dpo-{losers}")
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for k, losers in enumerate(("clean", "noisy")):
+        pts = [seen[m] for g in sorted(cfg.dmpo_gammas) if (m := f"dmpo-g{g:g}-{losers}") in seen]
+        if pts:
+            bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
+        dpo = dpo_row(losers)
+        if dpo is not None:
+            ax.axhline(dpo["avg_reward"], color=f"C{k}", ls="--", lw=1, label=f"DPO, {losers}")
+    finish(fig, ax, out / "dmpo_gamma.png", "gamma", "DMPO reward vs gamma (seen, 1 iteration)")
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    g = min(cfg.dmpo_gammas) if cfg.dmpo_gammas else 0.0
+    ks = [f"-k{k}" for k in cfg.truncate_ks]
+    for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy"), "dpo-noisy"),
+                                              (f"DMPO gamma={g:g}", seen.get(f"dmpo-g{g:g}-noisy"), f"dmpo-g{g:g}-noisy"))):
+        pts = [r for r in [full, *(seen.get(prefix + s) for s in ks)] if r is not None and r.get("loser_turns")]
+        pts.sort(key=lambda r: float(r["loser_turns"]))
+        if pts:
+            bars(ax, [float(r["loser_turns"]) for r in pts], pts, color=f"C{k}", label=loss)
+    finish(fig, ax, out / "loser_length.png", "mean loser length in the pairs (agent turns)",
+           "reward vs loser length (seen, noisy losers)")

@@ -1,0 +1,386 @@
+"""``turnrl eto`` / ``turnrl dmpo``: the iterative explore -> pair -> train pipeline (seeds 000, 001).
+
+One pipeline, three losses (``loss=dpo|dmpo|ipo``)::
+
+    base agent = SFT(base model, expert demos on the train tasks)            OUT/sft
+    for i in 1..iterations:                                                  OUT/iter-i/
+        explore every train task with the current agent                      explore.jsonl
+        pair explored trajectories with the expert ones (or own samples)     pairs.jsonl
+        train from the current agent, which is also the reference           train/ (checkpoints, model)
+        evaluate on seen and unseen                                          eval.json (+ eval-*.jsonl)
+
+Every stage is resumable (:mod:`turnrl.pipelines.iterative`): a killed run skips the finished
+stages, continues a half-written exploration episode by episode and a half-finished training
+from its last checkpoint.
+
+Variants: pair strategies ``trajectory`` (ETO), ``step`` (replay the expert's first ``t``
+turns, the agent plays on from turn ``t``; one random ``t`` a task) and ``mixed`` (both);
+losers ``noisy`` (all) or ``clean`` (degenerate losers dropped, DMPO's setting); ``self_play``
+(no expert in exploration or pairs: ``samples_per_task`` samples a task at temperature 1;
+iteration 1 is RFT on the successful samples, later iterations pair each task's best and worst
+sample). Baselines: :func:`best_of_n` and :func:`rft`.
+
+Departures from the papers:
+
+* ETO and DMPO start from a 7B SFT agent and train with lr 1e-6, batch 32, 3 epochs; the
+  tiny model trained from scratch needs a far larger lr (defaults: 3e-4, beta 0.1).
+* ETO's Best-of-N and RFT sample with temperature; so does this one (Best-of-N: temperature
+  1, the best of N episodes by the environment's reward -- an oracle selection, as in the
+  paper). RFT continues training the current agent on the expert demos plus the successful
+  explored trajectories (``rft_init: current``), or retrains the base model (``base``, the
+  paper's choice) on them.
+* Step-wise exploration plays one random step ``t`` a task, not every step.
+* Self-play starts from ``model`` (or the SFT agent): the tiny model from scratch writes no
+  valid action, so self-play from the raw base model would learn from random play only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from turnrl.agent.prompting import PromptConfig
+from turnrl.config import Config
+from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
+from turnrl.data.schema import Pair, Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.evaluation import summarize
+from turnrl.pipelines.iterative import iter_dir, run_stage
+from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
+from turnrl.rollout.sampler import EpisodeSpec
+from turnrl.train.preference import PreferenceConfig
+from turnrl.train.sft import SFTConfig
+
+Log = Callable[[str], None]
+
+__all__ = [
+    "EtoConfig",
+    "best_of_n",
+    "build_pairs",
+    "evaluate_model",
+    "explore",
+    "prepare_base",
+    "rft",
+    "run_iteration",
+    "run_pipeline",
+]
+
+
+def _default_sft() -> SFTConfig:
+    return SFTConfig(epochs=3.0, batch_size=16, lr=2e-3, row_tokens=1024, warmup_ratio=0.03, history=PROMPT.history)
+
+
+def _default_train() -> PreferenceConfig:
+    return PreferenceConfig(lr=3e-4, beta=0.1, epochs=2.0, batch_size=16, row_tokens=1024, warmup_ratio=0.05,
+                            lr_schedule="constant", max_length=1024)
+
+
+class EtoConfig(Config):
+    """Settings of ``turnrl eto`` / ``turnrl dmpo`` (``train.*`` are the preference trainer's)."""
+
+    out: str = "runs/eto"
+    env: str = ENV
+    env_opts: dict[str, Any] = dict(ENV_OPTS)
+    instruction: str | None = PROMPT.instruction
+    """Replaces the env's instruction (default: the quickstart's short tic-tac-toe prompt)."""
+    history: int | None = PROMPT.history
+    model: str | None = None
+    """The starting agent; None = SFT ``base`` on ``expert_episodes`` expert demos (OUT/sft)."""
+    base: str = "tiny"
+    """Model SFT starts from; ``tiny`` builds the embedded tiny model for ``env`` in OUT/tiny."""
+    expert_episodes: int = 200
+    """Train tasks: the expert plays them for SFT and pairs; exploration revisits them."""
+    explore_tasks: int | None = None
+    """Explore only the first this many train tasks (None: all ``expert_episodes``)."""
+    sft: SFTConfig = _default_sft()
+    loss: Literal["dpo", "dmpo", "ipo"] = "dpo"
+    iterations: int = 2
+    explore_temperature: float = 0.0
+    """0 = greedy (ETO explores greedily)."""
+    pairs: Literal["trajectory", "step", "mixed"] = "trajectory"
+    losers: Literal["clean", "noisy"] = "noisy"
+    truncate_k: int | None = None
+    """Cut losers to the winner's number of turns plus this (None: keep whole)."""
+    self_play: bool = False
+    samples_per_task: int = 4
+    """Self-play and RFT: samples a train task (temperature ``sample_temperature``)."""
+    sample_temperature: float = 1.0
+    train: PreferenceConfig = _default_train()
+    rft_init: Literal["current", "base"] = "current"
+    rft_epochs: float = 1.0
+    eval_splits: list[str] = ["seen", "unseen"]
+    eval_episodes: int = 100
+    eval_seed: int = 1
+    seed: int = 0
+    num_envs: int = 64
+    max_new_tokens: int = 48
+
+    def prompt(self) -> PromptConfig:
+        return PromptConfig(instruction=self.instruction, history=self.history)
+
+    def check(self) -> EtoConfig:
+        """Cross-field checks, one line each."""
+        if self.iterations < 0:
+            raise TurnRLError(f"iterations must be >= 0 (got {self.iterations})")
+        if self.expert_episodes < 1:
+            raise TurnRLError(f"expert_episodes must be >= 1 (got {self.expert_episodes})")
+        if self.samples_per_task < 1:
+            raise TurnRLError(f"samples_per_task must be >= 1 (got {self.samples_per_task})")
+        for s in self.eval_splits:
+            if s not in ("train", "seen", "unseen"):
+                raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        if self.self_play and self.pairs != "trajectory":
+            raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
+        return self
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _policy(model: str, cfg: EtoConfig, temperature: float) -> Any:
+    from turnrl.rollout import SamplingConfig, load_policy
+
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=cfg.max_new_tokens)
+    return load_policy(model, sampling=sampling, history=cfg.history)
+
+
+def _seed_torch(*parts: Any) -> None:
+    import torch
+
+    torch.manual_seed(random.Random("/".join(map(str, parts))).randrange(2**31))
+
+
+def _train_specs(cfg: EtoConfig) -> list[EpisodeSpec]:
+    """The train tasks' planned episodes (the expert's, and every exploration's)."""
+    from turnrl import envs
+    from turnrl.rollout.sampler import plan_episodes
+
+    env = envs.make(cfg.env, **cfg.env_opts)
+    try:
+        return plan_episodes(env, "train", cfg.expert_episodes, cfg.seed)
+    finally:
+        env.close()
+
+
+def _repeat(specs: list[EpisodeSpec], k: int, offset: int = 0) -> list[EpisodeSpec]:
+    """``k`` episodes of each spec (same task and env seed; distinct indices)."""
+    n = len(specs)
+    return [EpisodeSpec(offset + r * n + j, s.split, s.task_id, s.seed) for r in range(k) for j, s in enumerate(specs)]
+
+
+def _play(policy: Any, cfg: EtoConfig, specs: list[EpisodeSpec], out: Path) -> list[Trajectory]:
+    from turnrl.collect import run_policy
+
+    split = specs[0].split if specs else "train"
+    return run_policy(policy, cfg.env, split=split, env_opts=cfg.env_opts, num_envs=cfg.num_envs,
+                      prompt=cfg.prompt(), out=out, specs=specs)
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tuple[str, Path]:
+    """The starting agent and the expert demos: OUT/tiny, OUT/expert.jsonl, OUT/sft."""
+    from turnrl.rollout.policies import ExpertPolicy
+
+    out = Path(out)
+    base = cfg.base
+    if base == "tiny":
+        from turnrl.models.tiny import build_tiny
+
+        def tiny(p: Path) -> str:
+            build_tiny(p, env_names=(cfg.env,))
+            return str(p)
+
+        base = run_stage(out / "tiny", tiny, log=log)
+    expert = out / "expert.jsonl"
+    specs = _train_specs(cfg)
+    run_stage(expert, lambda p: _stats(_play(ExpertPolicy(), cfg, specs, p)), log=log)
+    if cfg.model is not None:
+        return cfg.model, expert
+
+    def sft(p: Path) -> str:
+        from turnrl.train.sft import train_sft
+
+        sft_cfg = cfg.sft.model_copy(update={"seed": cfg.seed})
+        return str(train_sft(base, expert, p, sft_cfg, resume=True).model_dir)
+
+    return run_stage(out / "sft", sft, log=log), expert
+
+
+def _stats(trajs: list[Trajectory]) -> dict[str, Any]:
+    n = max(1, len(trajs))
+    return {"episodes": len(trajs), "avg_return": sum(t.return_ for t in trajs) / n,
+            "success": sum(t.success for t in trajs) / n}
+
+
+def explore(cfg: EtoConfig, model: str, out: Path, i: int, experts: list[Trajectory]) -> dict[str, Any]:
+    """Explore every train task with ``model`` (``out`` = explore.jsonl, resumable)."""
+    _seed_torch(cfg.seed, "explore", i)
+    policy = _policy(model, cfg, cfg.sample_temperature if cfg.self_play else cfg.explore_temperature)
+    specs = _train_specs(cfg)[: cfg.explore_tasks]
+    plan: list[EpisodeSpec] = []
+    if cfg.self_play:
+        plan = _repeat(specs, cfg.samples_per_task)
+    else:
+        if cfg.pairs in ("trajectory", "mixed"):
+            plan += specs
+        if cfg.pairs in ("step", "mixed"):
+            rng = random.Random(f"{cfg.seed}/step/{i}")
+            by_task = {t.task_id: t for t in experts}
+            for j, s in enumerate(specs):
+                e = by_task.get(s.task_id)
+                if e is not None and e.num_turns > 1:
+                    plan.append(EpisodeSpec(len(specs) + j, s.split, s.task_id, s.seed, rng.randrange(1, e.num_turns)))
+    return _stats(_play(policy, cfg, plan, out))
+
+
+def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path) -> dict[str, Any]:
+    """ETO's pairs (trajectory / step / mixed) or self-play pairs -> ``out`` (pairs.jsonl)."""
+    from turnrl.data.pairs import self_play_pairs, step_pairs, trajectory_pairs
+
+    stats: dict[str, int] = {}
+    pairs: list[Pair] = []
+    if cfg.self_play:
+        pairs = self_play_pairs(explored, losers=cfg.losers, stats=stats)
+    else:
+        if cfg.pairs in ("trajectory", "mixed"):
+            pairs += trajectory_pairs(experts, explored, losers=cfg.losers, truncate_k=cfg.truncate_k, stats=stats)
+        if cfg.pairs in ("step", "mixed"):
+            pairs += step_pairs(experts, explored, losers=cfg.losers, stats=stats)
+    write_jsonl(out, pairs)
+    n = max(1, len(pairs))
+    return {**stats, "pairs": len(pairs), "avg_rejected_turns": sum(p.rejected.num_turns for p in pairs) / n,
+            "avg_chosen_turns": sum(p.chosen.num_turns for p in pairs) / n}
+
+
+def train_pairs(cfg: EtoConfig, model: str, pairs: Path, out: Path, i: int) -> str:
+    """Preference training from ``model`` (also the reference) -> ``out``; returns the model dir."""
+    from turnrl.train.preference import train_preference
+
+    # the agent's view when it acted (history window) is what the log-probs are taken over
+    tcfg = cfg.train.model_copy(update={"loss": cfg.loss, "seed": cfg.seed * 1000 + i, "ref_model": None,
+                                        "history": cfg.history})
+    return str(train_preference(model, pairs, out, tcfg, resume=True).model_dir)
+
+
+def evaluate_model(cfg: EtoConfig, model: str, out: Path, label: str, *, n: int = 1,
+                   temperature: float | None = None) -> list[dict[str, Any]]:
+    """Result records on ``eval_splits`` (``out`` = eval.json; episodes in eval-<split>.jsonl).
+
+    ``n`` > 1 is Best-of-N: ``n`` samples a task, the best by env reward counts."""
+    from turnrl import envs
+    from turnrl.rollout.policies import RandomPolicy
+    from turnrl.rollout.sampler import plan_episodes
+    from turnrl.train.core import atomic_write_json
+
+    temp = (1.0 if n > 1 else 0.0) if temperature is None else temperature
+    _seed_torch(cfg.seed, "eval", label)
+    policy = RandomPolicy() if model == "random" else _policy(model, cfg, temp)
+    env = envs.make(cfg.env, **cfg.env_opts)
+    results = []
+    try:
+        for split in cfg.eval_splits:
+            specs = plan_episodes(env, split, cfg.eval_episodes, cfg.eval_seed)
+            trajs = _play(policy, cfg, _repeat(specs, n), out.with_name(f"{out.stem}-{split}.jsonl"))
+            if n > 1:
+                best: dict[int, Trajectory] = {}
+                for k, t in enumerate(trajs):
+                    j = k % len(specs)
+                    if j not in best or t.return_ > best[j].return_:
+                        best[j] = t
+                trajs = [best[j] for j in range(len(specs))]
+            results.append(summarize(trajs, policy=label, env=cfg.env, split=split))
+    finally:
+        env.close()
+    atomic_write_json(out, {"results": results})
+    return results
+
+
+def rft(cfg: EtoConfig, base: str, model: str, experts: Path, explored: list[Trajectory], out: Path,
+        i: int, *, include_experts: bool = True) -> str:
+    """RFT: SFT on the expert demos plus the successful explored trajectories -> ``out``."""
+    from turnrl.train.sft import train_sft
+
+    good = [t for t in explored if t.success]
+    data = (read_trajectories(experts) if include_experts else []) + good
+    if not data:
+        raise TurnRLError(f"RFT at iteration {i}: no successful trajectory to train on")
+    data_path = out.with_name(out.name + "-data.jsonl")
+    write_jsonl(data_path, data)
+    init = model if cfg.rft_init == "current" else base
+    update: dict[str, Any] = {"seed": cfg.seed * 1000 + i}
+    if cfg.rft_init == "current":
+        update["epochs"] = cfg.rft_epochs
+        update["warmup_ratio"] = 0.0
+    return str(train_sft(init, data_path, out, cfg.sft.model_copy(update=update), resume=True).model_dir)
+
+
+def best_of_n(cfg: EtoConfig, model: str, out: Path, n: int = 10) -> list[dict[str, Any]]:
+    """Best-of-N evaluation of ``model`` (``out`` = eval.json)."""
+    return evaluate_model(cfg, model, out, f"best-of-{n}", n=n)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: Path, *,
+                  base: str | None = None, explored: Path | None = None, label: str | None = None,
+                  log: Log | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """One iteration in ``OUT/iter-i``; returns (new model, eval records, pair stats).
+
+    ``explored`` reuses another run's exploration of the same agent (same settings)."""
+    it = iter_dir(out, i)
+    experts = [] if cfg.self_play else read_trajectories(expert)
+    explore_path = explored if explored is not None else it / "explore.jsonl"
+    if explored is None:
+        run_stage(explore_path, lambda p: explore(cfg, model, p, i, experts), log=log, name=f"iter-{i}/explore")
+    trajs = read_trajectories(explore_path)
+    if cfg.self_play and i == 1:
+        stats: dict[str, Any] = {"rft_successes": sum(t.success for t in trajs)}
+        new = run_stage(it / "train", lambda p: rft(cfg, base or model, model, expert, trajs, p, i,
+                                                    include_experts=False), log=log, name=f"iter-{i}/rft")
+    else:
+        stats = run_stage(it / "pairs.jsonl", lambda p: build_pairs(cfg, experts, trajs, p), log=log,
+                          name=f"iter-{i}/pairs")
+        if not read_pairs(it / "pairs.jsonl"):
+            raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs (every explored return equals the expert's?)")
+        new = run_stage(it / "train", lambda p: train_pairs(cfg, model, it / "pairs.jsonl", p, i), log=log,
+                        name=f"iter-{i}/train")
+    name = label or f"{'self-play' if cfg.self_play else cfg.loss}-iter{i}"
+    results = run_stage(it / "eval.json", lambda p: evaluate_model(cfg, new, p, name), log=log,
+                        name=f"iter-{i}/eval")
+    return new, results, stats
+
+
+def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | None = None,
+                 model: str | None = None, expert: Path | None = None, first_explore: Path | None = None,
+                 label: str | None = None, eval_start: bool = True) -> dict[str, Any]:
+    """SFT (or ``model``) then ``iterations`` iterations; writes OUT/summary.json and returns it.
+
+    ``model`` and ``expert`` skip :func:`prepare_base` (an SFT agent and its demos made
+    elsewhere); ``first_explore`` reuses an exploration of that agent for iteration 1;
+    ``eval_start=False`` skips evaluating the starting agent (evaluated elsewhere)."""
+    from turnrl.train.core import atomic_write_json
+
+    cfg.check()
+    out = Path(out if out is not None else cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None or expert is None:
+        model, expert = prepare_base(cfg, out, log=log)
+    base_model = model
+    start = run_stage(out / "eval_start.json", lambda p: evaluate_model(cfg, str(base_model), p, "start"),
+                      log=log) if eval_start else []
+    iterations: list[dict[str, Any]] = []
+    current = model
+    for i in range(1, cfg.iterations + 1):
+        current, results, stats = run_iteration(
+            cfg, out, i, current, expert, base=base_model, explored=first_explore if i == 1 else None,
+            label=f"{label}-iter{i}" if label else None, log=log)
+        iterations.append({"iteration": i, "model": current, "results": results, "pairs": stats})
+    summary = {"out": str(out), "start": {"model": base_model, "results": start}, "iterations": iterations,
+               "final_model": current, "config": cfg.model_dump(mode="json")}
+    atomic_write_json(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,157 @@
+"""A small resumable skeleton for iterative pipelines.
+
+A pipeline is a sequence of *stages*; each stage is a function that writes its output (a
+file or a directory) and returns a small JSON-able result. :func:`run_stage` runs a stage
+unless its **completion marker** ``<output>.done.json`` exists; the marker, which holds the
+stage's result, is written last and atomically (temporary file then rename), so a marker
+on disk means the output is complete. A pipeline killed in the middle of a stage reruns
+only that stage, and the stage itself resumes from what it left:
+
+* collection stages append one finished episode at a time to a JSONL file and skip the
+  episodes already there (:func:`turnrl.collect.run_policy`);
+* training stages resume from the trainer core's newest checkpoint (``resume=True``);
+* pure stages (pair building, reports) are cheap and are simply redone.
+
+Iteration ``i`` of a pipeline writes under ``OUT/iter-i/`` (:func:`iter_dir`): its
+trajectories, pairs, checkpoint (the trainer's output directory) and eval report.
+
+Example::
+
+    explored = run_stage(it / "explore.jsonl", lambda p: explore(model, p))
+    pairs = run_stage(it / "pairs.jsonl", lambda p: build_pairs(p, explored_path))
+    run_stage(it / "train", lambda p: train(ref=model, pairs=pairs_path, out=p))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turnrl.train.core import atomic_write_json
+
+StageFn = Callable[[Path], Any]
+"""A stage: receives its output path, writes it, returns a JSON-able result (or None)."""
+
+__all__ = ["Stage", "StageFn", "is_done", "iter_dir", "mark_done", "marker_path", "read_done", "run_stage"]
+
+
+def marker_path(output: str | Path) -> Path:
+    """The completion marker of ``output``: ``<output>.done.json`` next to it."""
+    output = Path(output)
+    return output.with_name(output.name + ".done.json")
+
+
+def is_done(output: str | Path) -> bool:
+    """True when ``output``'s stage has finished (its marker exists)."""
+    return marker_path(output).is_file()
+
+
+def read_done(output: str | Path) -> Any:
+    """The result a finished stage recorded in its marker."""
+    return json.loads(marker_path(output).read_text())["result"]
+
+
+def mark_done(output: str | Path, result: Any = None, seconds: float | None = None) -> None:
+    """Write ``output``'s completion marker (atomically); call it after the output is complete."""
+    atomic_write_json(marker_path(output), {"result": result, "seconds": seconds})
+
+
+def iter_dir(out: str | Path, i: int) -> Path:
+    """``OUT/iter-i``, created."""
+    d = Path(out) / f"iter-{i}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def stage_lock(output: Path, poll: float = 5.0) -> Iterator[None]:
+    """Hold ``<output>.lock`` (created exclusively, holding our pid); wait while a live process
+    holds it, take over a dead one's. Lets several processes share one pipeline directory."""
+    lock = output.with_name(output.name + ".lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                time.sleep(poll)
+            elif time.time() - _mtime(lock) > 2 * poll:  # stale: its holder died
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+            else:
+                time.sleep(poll)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def run_stage(output: str | Path, fn: StageFn, *, log: Callable[[str], None] | None = None,
+              name: str | None = None) -> Any:
+    """Run ``fn(output)`` unless ``output`` is complete; return its (recorded) result.
+
+    A stage another live process is running is waited for (:func:`stage_lock`), so parallel
+    processes (e.g. one a seed or a method of ``turnrl compare``) can share a directory."""
+    output = Path(output)
+    label = name or output.name
+    if is_done(output):
+        if log is not None:
+            log(f"skip {label} (done)")
+        return read_done(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with stage_lock(output):
+        if is_done(output):  # finished by another process while we waited
+            return read_done(output)
+        if log is not None:
+            log(f"run {label}")
+        t0 = time.time()
+        result = fn(output)
+        mark_done(output, result, round(time.time() - t0, 2))
+    return result
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named stage with its output path, for pipelines that list their stages up front."""
+
+    name: str
+    output: Path
+    fn: StageFn
+
+    def run(self, log: Callable[[str], None] | None = None) -> Any:
+        return run_stage(self.output, self.fn, log=log, name=self.name)
+
+    @property
+    def done(self) -> bool:
+        return is_done(self.output)

@@ -1,0 +1,296 @@
+"""``turnrl sppo``: iterative Self-Play Preference Optimization for multi-turn agents (seed 002).
+
+::
+
+    start agent = SFT(base model, expert demos) or ``model``                   OUT/sft
+    evaluate the start agent                                                    OUT/eval_start.json
+    for t in 1..iterations:                                                     OUT/iter-t/
+        sample K trajectories of every train task from pi_t (temperature)       samples.jsonl
+        oracle: P(y_i > y_j) for all K x K pairs of a task (batched)            scored.jsonl
+        win rate P(y_i > pi_t) = (1/K) sum_k P(y_i > y_k); keep all K or        data.jsonl
+            the best and worst a task (``select``)
+        train with SPPO's loss, pi_t (the agent at the start) as reference      train/
+            L = (log pi(y)/pi_t(y) - eta (P - 1/2))^2     (soft; hard: +-eta/2)
+        evaluate on seen / unseen                                               eval.json
+
+Each stage is skipped when finished and resumes when half done (the skeleton in
+:mod:`turnrl.pipelines.iterative`; sampling appends finished episodes, training resumes from
+its last checkpoint). ``loss: dpo`` swaps the training step for trajectory DPO on each task's
+best-vs-worst pair by the same oracle's win rates (self-play pairs): the controlled baseline
+of the comparison in ``docs/methods/sppo.md``, same samples, same oracle, another loss.
+
+Departures from the paper (Wu et al., 2024):
+
+* The paper samples single responses to prompts; here a sample is a whole multi-turn episode
+  and log pi(y) sums over its agent turns (DESIGN 3). The environment answers in between, so
+  "the K samples of a task" share the task (start state and opponent seed), not the replies.
+* The paper's oracle is PairRM on UltraFeedback prompts, a fresh third of the prompts each
+  iteration; the default oracle here is the env reward (``oracle.kind: env_reward``), and
+  every iteration revisits the same ``train_tasks`` train tasks (as ETO's loop does); the
+  learned ``pairwise_model`` and an LLM ``judge`` are the other oracles.
+* Log-probs are taken in the context the agent acted in (``history``: the quickstart agent
+  sees only the current board), each turn its own sequence (``PreferenceConfig.history``).
+* The tiny model is trained with lr 3e-4, 2 epochs an iteration; the paper uses lr 5e-7 on
+  7B models with eta = 1e3 (beta = 1e-3 in the authors' code). eta here is 5: log-ratios of
+  a few-million-parameter model move in nats, not thousandths.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from turnrl.config import Config
+from turnrl.data.io import read_trajectories, write_jsonl
+from turnrl.data.pairs import self_play_pairs
+from turnrl.data.schema import Pair, Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.oracles import OracleConfig, make_oracle, score_samples, select_samples
+from turnrl.pipelines.iterative import iter_dir, run_stage
+from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
+from turnrl.train.core import atomic_write_json
+from turnrl.train.preference import PreferenceConfig
+from turnrl.train.sft import SFTConfig
+
+Log = Callable[[str], None]
+
+__all__ = ["SPPOConfig", "build_data", "compare_method", "run_iteration", "run_sppo", "sample"]
+
+
+def _default_sft() -> SFTConfig:
+    return SFTConfig(epochs=3.0, batch_size=16, lr=2e-3, row_tokens=1024, warmup_ratio=0.03, history=PROMPT.history)
+
+
+def _default_train() -> PreferenceConfig:
+    return PreferenceConfig(loss="sppo", eta=5.0, sppo_variant="soft", lr=3e-4, epochs=2.0, batch_size=16,
+                            row_tokens=1024, warmup_ratio=0.05, lr_schedule="constant", max_length=1024)
+
+
+class SPPOConfig(Config):
+    """Settings of ``turnrl sppo`` (``train.*`` are the preference trainer's, ``oracle.*`` the oracle's)."""
+
+    out: str = "runs/sppo"
+    env: str = ENV
+    env_opts: dict[str, Any] = dict(ENV_OPTS)
+    instruction: str | None = PROMPT.instruction
+    """Replaces the env's instruction (default: the quickstart's short tic-tac-toe prompt)."""
+    history: int | None = PROMPT.history
+    model: str | None = None
+    """The starting agent; None = SFT ``base`` on ``expert_episodes`` expert demos (OUT/sft)."""
+    base: str = "tiny"
+    """Model SFT starts from; ``tiny`` builds the embedded tiny model for ``env`` in OUT/tiny."""
+    expert_episodes: int = 200
+    """Expert demos for the SFT start (one per train task, the first ones of the split)."""
+    sft: SFTConfig = _default_sft()
+    train_tasks: int = 200
+    """Train tasks sampled every iteration (the first ones of the split)."""
+    iterations: int = 3
+    samples_per_task: int = 5
+    """K: samples a task, compared pairwise by the oracle."""
+    temperature: float = 1.0
+    oracle: OracleConfig = OracleConfig()
+    select: Literal["all", "best_worst"] = "all"
+    """Train on all K samples or on each task's best and worst (the authors' code)."""
+    loss: Literal["sppo", "dpo"] = "sppo"
+    """sppo; or dpo on each task's best-vs-worst pair by win rate (the self-play DPO baseline)."""
+    train: PreferenceConfig = _default_train()
+    eval_splits: list[str] = ["seen", "unseen"]
+    eval_episodes: int = 100
+    eval_seed: int = 1
+    seed: int = 0
+    num_envs: int = 64
+    max_new_tokens: int = 48
+
+    def check(self) -> SPPOConfig:
+        if self.iterations < 0:
+            raise TurnRLError(f"iterations must be >= 0 (got {self.iterations})")
+        if self.samples_per_task < 2:
+            raise TurnRLError(f"samples_per_task must be >= 2 to compare samples (got {self.samples_per_task})")
+        if self.train_tasks < 1:
+            raise TurnRLError(f"train_tasks must be >= 1 (got {self.train_tasks})")
+        if self.temperature < 0:
+            raise TurnRLError(f"temperature must be >= 0 (got {self.temperature})")
+        for s in self.eval_splits:
+            if s not in ("train", "seen", "unseen"):
+                raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        return self
+
+    def eto_view(self) -> Any:
+        """The same settings as an ETO config, to reuse its SFT, rollout and eval stages."""
+        from turnrl.pipelines.eto import EtoConfig
+
+        return EtoConfig(out=self.out, env=self.env, env_opts=self.env_opts, instruction=self.instruction,
+                         history=self.history, model=self.model, base=self.base,
+                         expert_episodes=self.expert_episodes, sft=self.sft, eval_splits=self.eval_splits,
+                         eval_episodes=self.eval_episodes, eval_seed=self.eval_seed, seed=self.seed,
+                         num_envs=self.num_envs, max_new_tokens=self.max_new_tokens,
+                         samples_per_task=self.samples_per_task, sample_temperature=self.temperature)
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def sample(cfg: SPPOConfig, model: str, out: Path, i: int) -> dict[str, Any]:
+    """K samples of each of the first ``train_tasks`` train tasks from ``model`` -> ``out``."""
+    from turnrl import envs
+    from turnrl.pipelines.eto import _play, _policy, _repeat, _seed_torch
+    from turnrl.rollout.sampler import plan_episodes
+
+    eto = cfg.eto_view()
+    _seed_torch(cfg.seed, "sppo-sample", i)
+    env = envs.make(cfg.env, **cfg.env_opts)
+    try:
+        tasks = plan_episodes(env, "train", cfg.train_tasks, cfg.seed)
+    finally:
+        env.close()
+    trajs = _play(_policy(model, eto, cfg.temperature), eto, _repeat(tasks, cfg.samples_per_task), out)
+    n = max(1, len(trajs))
+    return {"episodes": len(trajs), "avg_return": sum(t.return_ for t in trajs) / n,
+            "success": sum(t.success for t in trajs) / n}
+
+
+def build_data(cfg: SPPOConfig, samples: list[Trajectory], scored_out: Path, data_out: Path) -> dict[str, Any]:
+    """Oracle win rates of every sample (``scored_out``) and the training data (``data_out``):
+    scored samples for SPPO, best-vs-worst pairs for DPO. One batched oracle call."""
+    oracle = make_oracle(cfg.oracle)
+    scored = score_samples(samples, oracle)
+    write_jsonl(scored_out, scored)
+    rates = [float(t.meta["win_rate"]) for t in scored]
+    stats: dict[str, Any] = {"samples": len(scored), "oracle": oracle.name,
+                             "tasks": len({t.task_id for t in scored}),
+                             "min_win_rate": min(rates), "max_win_rate": max(rates)}
+    if cfg.loss == "sppo":
+        data = select_samples(scored, cfg.select)
+        if not data:
+            raise TurnRLError(f"{data_out}: no training samples (every task's samples tie under the oracle)")
+        write_jsonl(data_out, data)
+        stats["train_samples"] = len(data)
+        stats["decided_tasks"] = len(select_samples(scored, "best_worst")) // 2
+        return stats
+    # DPO on self-play pairs: best vs worst by win rate (self_play_pairs ranks by return_)
+    ranked = [_with_return(t, float(t.meta["win_rate"])) for t in scored]
+    pairs: list[Pair] = []
+    for p in self_play_pairs(ranked, stats={}):
+        pairs.append(Pair(p.task_id, _restore(p.chosen), _restore(p.rejected),
+                          {**p.meta, "kind": "self_play_oracle", "oracle": oracle.name}))
+    if not pairs:
+        raise TurnRLError(f"{data_out}: no pairs (every task's samples tie under the oracle)")
+    write_jsonl(data_out, pairs)
+    stats["train_pairs"] = len(pairs)
+    return stats
+
+
+def _with_return(t: Trajectory, r: float) -> Trajectory:
+    from dataclasses import replace
+
+    return replace(t, return_=r, meta={**t.meta, "env_return": t.return_})
+
+
+def _restore(t: Trajectory) -> Trajectory:
+    from dataclasses import replace
+
+    meta = dict(t.meta)
+    return replace(t, return_=float(meta.pop("env_return")), meta=meta)
+
+
+def train(cfg: SPPOConfig, model: str, data: Path, out: Path, i: int) -> str:
+    """SPPO (or DPO) from ``model``, which is also the reference (pi_t) -> ``out``."""
+    from turnrl.train.preference import train_preference
+
+    loss = "sppo" if cfg.loss == "sppo" else "dpo"
+    tcfg = cfg.train.model_copy(update={"loss": loss, "seed": cfg.seed * 1000 + i, "ref_model": None,
+                                        "history": cfg.history})
+    return str(train_preference(model, data, out, tcfg, resume=True).model_dir)
+
+
+def evaluate(cfg: SPPOConfig, model: str, out: Path, label: str) -> list[dict[str, Any]]:
+    from turnrl.pipelines.eto import evaluate_model
+
+    return evaluate_model(cfg.eto_view(), model, out, label)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run_iteration(cfg: SPPOConfig, out: str | Path, i: int, model: str, *,
+                  log: Log | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """Iteration ``i`` in ``OUT/iter-i``; returns (new model, eval records, data stats)."""
+    it = iter_dir(out, i)
+    sampled = run_stage(it / "samples.jsonl", lambda p: sample(cfg, model, p, i), log=log, name=f"iter-{i}/sample")
+    data = it / ("data.jsonl" if cfg.loss == "sppo" else "pairs.jsonl")
+    stats = run_stage(data, lambda p: build_data(cfg, read_trajectories(it / "samples.jsonl"), it / "scored.jsonl", p),
+                      log=log, name=f"iter-{i}/oracle")
+    new = run_stage(it / "train", lambda p: train(cfg, model, data, p, i), log=log, name=f"iter-{i}/train")
+    results = run_stage(it / "eval.json", lambda p: evaluate(cfg, new, p, f"{cfg.loss}-iter{i}"), log=log,
+                        name=f"iter-{i}/eval")
+    return new, results, {**stats, "sampled": sampled}
+
+
+def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None = None,
+             console: Any = None) -> dict[str, Any]:
+    """The start agent, its evaluation, then ``iterations`` iterations; OUT/summary.json + report.md."""
+    from turnrl.pipelines.eto import prepare_base
+
+    cfg.check()
+    out = Path(out if out is not None else cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if log is None and console is not None:
+        def log(msg: str) -> None:
+            console.print(f"[dim]sppo[/dim] {msg}")
+    atomic_write_json(out / "config.json", cfg.model_dump(mode="json"))
+    random.seed(cfg.seed)
+    start_model, _ = prepare_base(cfg.eto_view(), out, log=log)
+    start = run_stage(out / "eval_start.json", lambda p: evaluate(cfg, str(start_model), p, "start"), log=log)
+    current = str(start_model)
+    iterations: list[dict[str, Any]] = []
+    for i in range(1, cfg.iterations + 1):
+        current, results, stats = run_iteration(cfg, out, i, current, log=log)
+        iterations.append({"iteration": i, "model": current, "results": results, "data": stats})
+    summary = {"out": str(out), "method": cfg.loss, "start": {"model": str(start_model), "results": start},
+               "iterations": iterations, "final_model": current, "config": cfg.model_dump(mode="json")}
+    (out / "report.md").write_text(report(summary))
+    atomic_write_json(out / "summary.json", summary)
+    if console is not None:
+        console.print(report(summary))
+    return summary
+
+
+def compare_method(run: Any) -> list[dict[str, Any]]:
+    """``sppo`` in ``turnrl compare``: SPPO iterations from the seed's SFT agent, with the
+    comparison's env, prompt, eval, ``iterations``, ``expert_episodes`` (train tasks),
+    ``samples_per_task`` and ``sample_temperature`` settings; one record per iteration."""
+    pipe = run.pipe
+    cfg = SPPOConfig(out=str(run.dir / "sppo"), env=pipe.env, env_opts=pipe.env_opts, instruction=pipe.instruction,
+                     history=pipe.history, model=run.sft, expert_episodes=pipe.expert_episodes,
+                     train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
+                     samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
+                     eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes, eval_seed=pipe.eval_seed,
+                     seed=pipe.seed, num_envs=pipe.num_envs, max_new_tokens=pipe.max_new_tokens).check()
+    out: list[dict[str, Any]] = []
+    current = run.sft
+    for i in range(1, cfg.iterations + 1):
+        current, results, stats = run_iteration(cfg, cfg.out, i, current, log=run.log)
+        out += [{**r, "method": "sppo", "iteration": i, "loss": "sppo", "eta": cfg.train.eta,
+                 "samples": stats.get("train_samples")} for r in results]
+    return out
+
+
+def reward_curve(summary: dict[str, Any], split: str) -> list[float]:
+    """Avg reward on ``split`` at iteration 0 (the start) .. N."""
+    rows = [summary["start"]["results"]] + [it["results"] for it in summary["iterations"]]
+    return [next(r["avg_reward"] for r in rs if r["split"] == split) for rs in rows]
+
+
+def report(summary: dict[str, Any]) -> str:
+    lines = [f"# {summary['method'].upper()} run ({summary['out']})", "",
+             "| iteration | split | avg reward | 95% CI | success | invalid |", "|---:|---|---:|---|---:|---:|"]
+    rows = [(0, summary["start"]["results"])] + [(it["iteration"], it["results"]) for it in summary["iterations"]]
+    for i, results in rows:
+        for r in results:
+            lines.append(f"| {i} | {r['split']} | {r['avg_reward']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] "
+                         f"| {r['success_rate']:.2f} | {r['invalid_action_rate']:.2f} |")
+    lines += ["", "```json", json.dumps([it["data"] for it in summary["iterations"]], indent=1), "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,759 @@
+"""ArCHer: hierarchical multi-turn actor-critic (Zhou et al., ICML 2024; seed 003), and the
+CHAI and online filtered-BC baselines, on one online loop.
+
+Every iteration:
+
+1. **collect** ``episodes_per_iteration`` episodes with the current policy (lock-step
+   :class:`~turnrl.rollout.sampler.Sampler`) and add them to the replay buffer -- as
+   utterance-level transitions ``(s, a, r, s', done)`` for ArCHer and CHAI, as whole
+   episodes for filtered BC;
+2. **critic** (ArCHer, CHAI): ``critic.steps`` steps on replay minibatches,
+   ``Q_i(s,a) -> r + gamma (1 - done) Vbar_i(s')`` and ``V_i(s) -> Qbar_i(s, a_hat)``
+   with ``a_hat ~ pi(.|s)`` (:func:`~turnrl.losses.archer_q_loss`,
+   :func:`~turnrl.losses.archer_v_loss`; each twin against its own target twin, as in
+   DESIGN 3 and the authors' code; ``v_target=min`` regresses both on the min), each step
+   followed by the Polyak update ``target <- (1 - tau) target + tau online``;
+3. **actor** (ArCHer, after ``warmup_iterations``): ``actor_steps`` steps on replay states
+   with fresh samples ``a_hat ~ pi(.|s)``:
+   ``L = -(min_i Q_i(s, a_hat) - min_i V_i(s)) * sum_h log pi(a_hat^h | s, a_hat^<h)``
+   (:func:`~turnrl.losses.archer_actor_loss`; the online critic, the min over twins for
+   both Q and V, as the paper);
+   **CHAI** never updates the actor: it acts with the best of ``chai_k`` samples by
+   ``min_i Qbar_i(s, a)`` (target critic);
+   **filtered BC** takes ``bc_steps`` SFT steps (the SFT objective) on the top ``bc_top``
+   fraction of the episodes in its buffer by return (ties: newest first).
+
+The actor's and the critic's optimizer steps are the trainer core's
+(:class:`~turnrl.train.core.Trainer`, driven one step at a time by :class:`OnlineTrainer`:
+exact accumulation, clipping, schedule, non-finite checks, LoRA, mixed precision); both
+share one ``Accelerator``, so one ``save_state`` holds actor, critic, target critic,
+optimizers, schedulers and RNG states. Checkpoints (``checkpoints/iter-NNNNNN``) add the
+replay buffer (``replay.jsonl``) and the loop state, written into a temporary directory and
+renamed into place; a killed run resumes from the newest one and reaches the same result.
+
+Departures from the paper (and why):
+
+* Scale. Defaults are sized for the embedded tiny model on a CPU: 10 critic steps per
+  iteration (paper 50), warm-up 5 iterations (paper 20), critic lr 1e-4 (paper 2e-5 with a
+  pre-trained RoBERTa; the default critic encoder here is a small randomly initialised
+  transformer, ``critic.encoder=tiny``), actor lr 1e-4 (paper 1e-6..1e-5 for GPT-2 and
+  larger), 16 episodes an iteration. gamma 0.95, tau 0.1, 3 actor steps an iteration,
+  capacity 1e5 and k=5 (CHAI) are the paper's.
+* The ``a_hat`` of all critic minibatches of an iteration are sampled in one batched
+  generate call before the critic steps (the actor does not change during them, so the
+  distribution is the same as sampling per step).
+* The token-level baseline (the paper's optional ``b(s, a^<h)``) is supported by the loss
+  function (a ``[B, H]`` baseline) but not trained here; the actor uses the utterance
+  baseline ``min V(s)``.
+* One process: the online loop does not shard rollouts across processes (GPU users get
+  bf16/LoRA through the trainer core, not multi-GPU collection).
+* A truncated episode's last transition bootstraps (``done = terminated``); the paper's
+  environments only terminate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from turnrl.agent.prompting import PromptConfig, agent_view
+from turnrl.config import Config
+from turnrl.data.schema import Message, Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.losses import archer_actor_loss, archer_advantage, archer_q_loss, archer_v_loss
+from turnrl.rollout.engine import SamplingConfig
+from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
+from turnrl.tokenization import ChatFormat, Encoded
+from turnrl.train.core import (
+    TrainConfig,
+    Trainer,
+    _make_accelerator,
+    atomic_write_json,
+    config_hash,
+    set_seed,
+)
+from turnrl.train.critic import CriticConfig, DoubleCritic, build_critic, make_target, polyak_update
+from turnrl.train.forward import pack, token_logps
+
+Algo = Literal["archer", "chai", "filtered_bc"]
+CHECKPOINTS = "checkpoints"
+ONLINE_SUMMARY = "turnrl.online_summary/v1"
+
+
+class ActorConfig(TrainConfig):
+    """The actor's optimisation (trainer core settings); see the module docstring for defaults."""
+
+    lr: float = 1e-4
+    batch_size: int = 16
+    lr_schedule: Literal["cosine", "linear", "constant"] = "constant"
+    warmup_ratio: float = 0.0
+    #: tokens per packed row in the actor's forward pass
+    row_tokens: int = 4096
+
+
+class OnlineConfig(Config):
+    """Settings of ``turnrl train archer|chai|filtered-bc`` (unknown keys are errors)."""
+
+    seed: int = 0
+    env_opts: dict[str, Any] = {}
+    split: str = "train"
+    iterations: int = 40
+    episodes_per_iteration: int = 16
+    num_envs: int = 16
+    capacity: int = 100_000
+    gamma: float = 0.95
+    tau: float = 0.1
+    critic_steps: int = 10
+    actor_steps: int = 3
+    warmup_iterations: int = 5
+    v_target: Literal["twin", "min"] = "twin"
+    chai_k: int = 5
+    #: the critic reads the system message (the task instruction) as part of the state; turn
+    #: off where it is the same for every task (it only costs critic compute then)
+    state_system: bool = True
+    bc_top: float = 0.1
+    bc_steps: int = 3
+    sampling: SamplingConfig = SamplingConfig(temperature=1.0, max_new_tokens=48)
+    prompt: PromptConfig = PromptConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    #: evaluate every N iterations (and before the first); 0 = never
+    eval_every: int = 0
+    eval_episodes: int = 100
+    eval_split: str = "seen"
+    eval_temperature: float = 1.0
+    eval_seed: int = 12345
+    #: iterations between checkpoints (the last iteration is always saved)
+    save_every: int = 1
+    keep_checkpoints: int = 2
+
+
+# --------------------------------------------------------------------------- data
+
+
+def state_text(view: Sequence[Message | dict[str, Any]], system: bool = True) -> str:
+    """What the critic reads of a state: its messages, one ``role: content`` block each
+    (without the system message when ``system`` is false)."""
+    out = []
+    for m in view:
+        role, content = (m.role, m.content) if isinstance(m, Message) else (m["role"], m["content"])
+        if system or role != "system":
+            out.append(f"{role}: {content}")
+    return "\n".join(out)
+
+
+def _plain(view: Sequence[Message]) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content} for m in view]
+
+
+def transitions(traj: Trajectory, history: int | None, system: bool = True) -> list[dict[str, Any]]:
+    """Utterance-level transitions of an episode: the agent's view before each turn (``view``,
+    and as text ``s``), the turn's text ``a``, its reward ``r``, the next view's text ``s2``
+    and ``done`` (1 only after the last turn of a terminated episode)."""
+    n = traj.num_turns
+    views = []
+    for t in range(n):
+        view, _ = agent_view(traj.messages, t, history)
+        views.append(view[:-1])  # without turn t itself
+    asst = [m for m in traj.messages if m.role == "assistant"]
+    out = []
+    for t in range(n):
+        if t + 1 < n:
+            nxt = state_text(views[t + 1], system)
+            done = 0.0
+        else:
+            final = Message("user", str(traj.meta.get("final_observation", "")))
+            nxt = state_text([*views[t], asst[t], final], system)
+            done = 1.0 if traj.terminated else 0.0
+        out.append({"view": _plain(views[t]), "s": state_text(views[t], system), "a": asst[t].content,
+                    "r": float(traj.rewards[t]), "s2": nxt, "done": done, "episode": traj.id, "turn": t})
+    return out
+
+
+class ReplayBuffer:
+    """A FIFO buffer of JSON records (transitions or episodes) with ``capacity`` entries."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise TurnRLError(f"capacity must be >= 1 (got {capacity})")
+        self.capacity = capacity
+        self.items: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, records: Sequence[dict[str, Any]]) -> None:
+        self.items.extend(records)
+        if len(self.items) > self.capacity:
+            del self.items[: len(self.items) - self.capacity]
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
+        """``n`` records drawn uniformly with replacement."""
+        idx = rng.integers(0, len(self.items), size=n)
+        return [self.items[int(i)] for i in idx]
+
+    def save(self, path: Path) -> None:
+        with open(path, "w") as f:
+            for r in self.items:
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def load(self, path: Path) -> None:
+        self.items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- trainer core, online
+
+
+class OnlineTrainer(Trainer):
+    """The trainer core driven one optimizer step at a time on data that changes every step.
+
+    :meth:`step_on` makes ``examples`` the dataset and runs the core's optimizer step on
+    them as one global batch (``batch_size x grad_accum`` examples), so clipping, exact
+    accumulation, the schedule and the non-finite checks are the core's. ``total_steps``
+    sizes the learning-rate schedule.
+    """
+
+    def __init__(self, model: Any, cfg: TrainConfig, out_dir: Path, objective: Any, *, total_steps: int,
+                 accelerator: Any, tokenizer: Any = None, run_config: dict[str, Any] | None = None):
+        global_batch = cfg.batch_size * cfg.grad_accum * accelerator.num_processes
+        cfg = cfg.model_copy(update={"max_steps": max(1, total_steps)})
+        super().__init__(model, cfg, out_dir, [None] * global_batch, objective, tokenizer=tokenizer,
+                         accelerator=accelerator, run_config=run_config)
+        self.steps_done = 0
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.global_batch
+
+    def step_on(self, examples: Sequence[Any]) -> dict[str, Any]:
+        if len(examples) != self.global_batch:
+            raise ValueError(f"step_on needs {self.global_batch} examples, got {len(examples)}")
+        self.dataset = list(examples)
+        self.batches_per_epoch = 1
+        record = self._optimizer_step(self.steps_done)
+        self.steps_done += 1
+        return record
+
+
+@dataclass
+class CriticExample:
+    s: str
+    a: str
+    r: float
+    done: float
+    target_v1_next: float
+    target_v2_next: float
+    target_q1_hat: float
+    target_q2_hat: float
+
+
+class CriticObjective:
+    """ArCHer's critic loss (Q and V terms summed); units = transitions."""
+
+    def __init__(self, gamma: float, v_use_min: bool):
+        self.gamma = gamma
+        self.v_use_min = v_use_min
+
+    def units(self, examples: Sequence[CriticExample]) -> float:
+        return float(len(examples))
+
+    def __call__(self, model: Any, examples: Sequence[CriticExample]) -> tuple[torch.Tensor, dict[str, float]]:
+        out = model([e.s for e in examples], [e.a for e in examples])
+        dev = out["q1"].device
+
+        def col(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(e, name) for e in examples], dtype=torch.float32, device=dev)
+
+        q_loss, qm = archer_q_loss(out["q1"], out["q2"], col("r"), col("done"), col("target_v1_next"),
+                                   col("target_v2_next"), self.gamma)
+        v_loss, vm = archer_v_loss(out["v1"], out["v2"], col("target_q1_hat"), col("target_q2_hat"),
+                                   use_min=self.v_use_min)
+        metrics = {"q_loss": float(q_loss.detach().sum()), "v_loss": float(v_loss.detach().sum()),
+                   "q1": float(qm["q1"].sum()), "v1": float(vm["v1"].sum())}
+        return (q_loss + v_loss).sum(), metrics
+
+
+@dataclass
+class ActorExample:
+    enc: Encoded
+    value: float
+    baseline: float
+
+
+class ActorObjective:
+    """ArCHer's actor loss ``-(q - b) * sum_h log pi``; units = sampled utterances."""
+
+    def __init__(self, row_tokens: int, pad_id: int):
+        self.row_tokens = row_tokens
+        self.pad_id = pad_id
+
+    def units(self, examples: Sequence[ActorExample]) -> float:
+        return float(len(examples))
+
+    def __call__(self, model: Any, examples: Sequence[ActorExample]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = pack([e.enc for e in examples], row_tokens=self.row_tokens, pad_id=self.pad_id)
+        lp = token_logps(model, batch)
+        b = len(examples)
+        seq = batch.seq_index.to(lp.device)
+        k = lp.shape[0]
+        ar = torch.arange(k, device=lp.device)
+        # a sequence's kept tokens are contiguous and in order (forward.pack), so a token's
+        # position in its utterance is its index minus its sequence's first index
+        first = torch.full((b,), k, dtype=torch.long, device=lp.device).scatter_reduce(0, seq, ar, reduce="amin")
+        pos = ar - first[seq]
+        width = int(pos.max().item()) + 1 if k else 1
+        padded = lp.new_zeros(b, width).index_put((seq, pos), lp)
+        mask = torch.zeros(b, width, device=lp.device).index_put((seq, pos), torch.ones_like(lp))
+        value = torch.tensor([e.value for e in examples], dtype=torch.float32, device=lp.device)
+        base = torch.tensor([e.baseline for e in examples], dtype=torch.float32, device=lp.device)
+        losses, m = archer_actor_loss(padded, mask, value, base)
+        return losses.sum(), {"advantage": float(m["advantage"].sum()), "logp": float(m["logp"].sum())}
+
+
+# --------------------------------------------------------------------------- policies
+
+
+class CriticRerankPolicy:
+    """CHAI: sample ``k`` replies per state from the base policy, act with the best by
+    ``min_i Qbar_i(s, a)`` of the target critic."""
+
+    name = "chai"
+
+    def __init__(self, base: ModelPolicy, score: Callable[[list[str], list[str]], torch.Tensor], k: int,
+                 system: bool = True):
+        self.base = base
+        self.system = system
+        self.score = score
+        self.k = k
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        expanded = [r for r in requests for _ in range(self.k)]
+        replies = self.base.act(expanded)
+        states = [state_text(agent_view(r.messages, r.turn, self.base.history)[0], self.system) for r in expanded]
+        scores = self.score(states, [r.content for r in replies]).view(len(requests), self.k)
+        best = scores.argmax(dim=1).tolist()
+        return [replies[i * self.k + j] for i, j in enumerate(best)]
+
+
+# --------------------------------------------------------------------------- the online loop
+
+
+class OnlineRun:
+    """The online loop shared by ArCHer, CHAI and filtered BC (see the module docstring)."""
+
+    def __init__(self, algo: Algo, model_name: str, env_name: str, out: str | Path, cfg: OnlineConfig):
+        from turnrl.collect import make_env_factory
+        from turnrl.models.loading import load_model, load_tokenizer
+        from turnrl.rollout.engine import HFEngine
+        from turnrl.rollout.policies import _gen_eos
+
+        if algo not in ("archer", "chai", "filtered_bc"):
+            raise TurnRLError(f"unknown online algorithm {algo!r}")
+        for key in ("iterations", "episodes_per_iteration", "num_envs", "save_every"):
+            if getattr(cfg, key) < 1:
+                raise TurnRLError(f"{key} must be >= 1 (got {getattr(cfg, key)})")
+        if not 0.0 <= cfg.tau <= 1.0 or not 0.0 <= cfg.gamma <= 1.0:
+            raise TurnRLError(f"tau and gamma must lie in [0, 1] (got tau={cfg.tau}, gamma={cfg.gamma})")
+        if not 0.0 < cfg.bc_top <= 1.0:
+            raise TurnRLError(f"bc_top must lie in (0, 1] (got {cfg.bc_top})")
+        if cfg.chai_k < 1:
+            raise TurnRLError(f"chai_k must be >= 1 (got {cfg.chai_k})")
+        self.algo: Algo = algo
+        self.cfg = cfg
+        self.out = Path(out)
+        self.env_name = env_name
+        self.model_name = str(model_name)
+        self.make_env = make_env_factory(env_name, cfg.env_opts)
+        probe = self.make_env()
+        try:
+            for split in (cfg.split, cfg.eval_split):
+                if split not in ("train", "seen", "unseen"):
+                    raise TurnRLError(f"unknown split '{split}'; choose from: train, seen, unseen")
+                if not probe.task_ids(split):
+                    raise TurnRLError(f"{env_name}: split '{split}' has no tasks")
+        finally:
+            probe.close()
+        set_seed(cfg.seed)
+        self.tok = load_tokenizer(model_name)
+        mp = cfg.actor.mixed_precision
+        model = load_model(model_name, dtype="float32" if mp == "no" else "auto")
+        self.chat = ChatFormat(self.tok, extra_stop_ids=_gen_eos(model))
+        self.accelerator = _make_accelerator(mp)
+        if self.accelerator.num_processes > 1:
+            raise TurnRLError("the online loop runs in one process; launch it without accelerate's multi-process")
+        self.run_config = {"algo": algo, "model": self.model_name, "env": env_name,
+                           "online": cfg.model_dump(mode="json")}
+        self.config_hash = config_hash(cfg.actor, self.run_config)
+        self.rng = np.random.default_rng([cfg.seed, 7])
+        uses_critic = algo in ("archer", "chai")
+        uses_actor_trainer = algo in ("archer", "filtered_bc")
+        self.actor_trainer: OnlineTrainer | None = None
+        self.critic_trainer: OnlineTrainer | None = None
+        self.critic: DoubleCritic | None = None
+        self.target: Any = None
+        if uses_actor_trainer:
+            actor_cfg = cfg.actor.model_copy(update={"seed": cfg.seed})
+            if algo == "archer":
+                steps = max(1, (cfg.iterations - cfg.warmup_iterations) * cfg.actor_steps)
+                objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0)
+            else:
+                from turnrl.train.sft import SFTObjective
+
+                steps = cfg.iterations * cfg.bc_steps
+                objective = SFTObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0)
+            self.actor_trainer = OnlineTrainer(model, actor_cfg, self.out, objective, total_steps=steps,
+                                               accelerator=self.accelerator, tokenizer=self.tok,
+                                               run_config=self.run_config)
+            model = self.actor_trainer.unwrapped_model
+        self.actor = model
+        if uses_critic:
+            critic_cfg = cfg.critic.model_copy(update={"seed": cfg.seed, "mixed_precision": mp})
+            critic = build_critic(critic_cfg, self.tok, seed=cfg.seed)
+            self.target = make_target(critic)
+            self.critic_trainer = OnlineTrainer(critic, critic_cfg, self.out / "critic",
+                                                CriticObjective(cfg.gamma, cfg.v_target == "min"),
+                                                total_steps=cfg.iterations * cfg.critic_steps,
+                                                accelerator=self.accelerator)
+            self.critic = self.critic_trainer.unwrapped_model
+            self.target.to(self.accelerator.device)
+            self.accelerator.register_for_checkpointing(self.target)
+        self.engine = HFEngine(self.actor, self.tok, self.chat.stop_token_ids)
+        self.replay = ReplayBuffer(cfg.capacity)
+        self.iteration = 0
+        self.env_steps = 0
+        self.episodes = 0
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ policies
+
+    def model_policy(self, temperature: float | None = None) -> ModelPolicy:
+        sampling = self.cfg.sampling if temperature is None else self.cfg.sampling.model_copy(
+            update={"temperature": temperature})
+        return ModelPolicy(self.engine, self.chat, sampling, history=self.cfg.prompt.history, name=self.algo)
+
+    def policy(self, temperature: float | None = None) -> Policy:
+        """The acting policy: the actor, or for CHAI the actor reranked by the target critic."""
+        base = self.model_policy(temperature)
+        if self.algo == "chai":
+            return CriticRerankPolicy(base, self.target_min_q, self.cfg.chai_k, self.cfg.state_system)
+        return base
+
+    @torch.no_grad()
+    def target_min_q(self, states: list[str], actions: list[str]) -> torch.Tensor:
+        assert self.target is not None
+        self.target.eval()
+        q1, q2 = self.target.q(states, actions)
+        return torch.minimum(q1, q2).float().cpu()
+
+    def sample_actions(self, views: Sequence[list[dict[str, Any]]]) -> list[Message]:
+        """``a_hat ~ pi(.|s)`` for each view, as assistant messages carrying the sampled ids."""
+        gens = self.engine.generate([self.chat.prompt_ids(v) for v in views], self.cfg.sampling)
+        stops = set(self.chat.stop_token_ids)
+        out = []
+        for g in gens:
+            body = g.token_ids[:-1] if g.finished and g.token_ids and g.token_ids[-1] in stops else g.token_ids
+            text = self.tok.decode(body, skip_special_tokens=False)
+            out.append(Message("assistant", text, token_ids=list(g.token_ids), logprobs=list(g.logprobs)))
+        return out
+
+    # ------------------------------------------------------------------ phases
+
+    def collect(self) -> list[Trajectory]:
+        from turnrl.rollout.sampler import Sampler, plan_episodes
+
+        cfg = self.cfg
+        probe = self.make_env()
+        try:
+            specs = plan_episodes(probe, cfg.split, cfg.episodes_per_iteration, cfg.seed,
+                                  start=self.iteration * cfg.episodes_per_iteration)
+        finally:
+            probe.close()
+        sampler = Sampler(self.make_env, self.policy(), env_name=self.env_name, num_envs=cfg.num_envs,
+                          prompt=cfg.prompt, source="policy")
+        try:
+            return sampler.run(specs)
+        finally:
+            sampler.close()
+
+    def critic_phase(self) -> dict[str, float]:
+        assert self.critic_trainer is not None and self.critic is not None
+        cfg, ct = self.cfg, self.critic_trainer
+        n = ct.examples_per_step
+        batches = [self.replay.sample(self.rng, n) for _ in range(cfg.critic_steps)]
+        flat = [t for b in batches for t in b]
+        a_hat = [m.content for m in self.sample_actions([t["view"] for t in flat])] if flat else []
+        sums: dict[str, float] = {}
+        for j, batch in enumerate(batches):
+            hats = a_hat[j * n : (j + 1) * n]
+            with torch.no_grad():
+                self.target.eval()
+                tq1, tq2 = self.target.q([t["s"] for t in batch], hats)
+                tv1, tv2 = self.target.v([t["s2"] for t in batch])
+            examples = [
+                CriticExample(t["s"], t["a"], t["r"], t["done"], float(tv1[i]), float(tv2[i]), float(tq1[i]),
+                              float(tq2[i]))
+                for i, t in enumerate(batch)
+            ]
+            rec = ct.step_on(examples)
+            polyak_update(self.target, self.critic, cfg.tau)
+            for k in ("loss", "q_loss", "v_loss", "q1", "v1", "grad_norm"):
+                sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
+        return {f"critic/{k}": v / max(1, len(batches)) for k, v in sums.items()}
+
+    def actor_phase(self) -> dict[str, float]:
+        assert self.actor_trainer is not None and self.critic is not None
+        at = self.actor_trainer
+        sums: dict[str, float] = {}
+        for _ in range(self.cfg.actor_steps):
+            batch = self.replay.sample(self.rng, at.examples_per_step)
+            views = [t["view"] for t in batch]
+            hats = self.sample_actions(views)
+            with torch.no_grad():
+                self.critic.eval()
+                out = self.critic([t["s"] for t in batch], [m.content for m in hats])
+                self.critic.train()
+            adv = archer_advantage(out["q1"], out["q2"], out["v1"], out["v2"])
+            value = torch.minimum(out["q1"], out["q2"])
+            examples = []
+            for i, (view, hat) in enumerate(zip(views, hats, strict=True)):
+                n_asst = sum(1 for m in view if m["role"] == "assistant")
+                enc = self.chat.encode([*view, hat], trainable_turns=[n_asst])
+                if enc is None or enc.num_turns == 0:
+                    raise TurnRLError("an actor sample has no trainable tokens")
+                examples.append(ActorExample(enc, float(value[i]), float(value[i] - adv[i])))
+            rec = at.step_on(examples)
+            for k in ("loss", "advantage", "logp", "grad_norm"):
+                sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
+        return {f"actor/{k}": v / self.cfg.actor_steps for k, v in sums.items()}
+
+    def bc_phase(self) -> dict[str, float]:
+        assert self.actor_trainer is not None
+        from turnrl.data.io import trajectory_from_dict
+        from turnrl.train.sft import encode_trajectories
+
+        at = self.actor_trainer
+        ranked = sorted(range(len(self.replay)), key=lambda i: (-self.replay.items[i]["return"], -i))
+        top = [self.replay.items[i] for i in ranked[: max(1, math.ceil(self.cfg.bc_top * len(ranked)))]]
+        trajs = [trajectory_from_dict(d) for d in top]
+        examples, _ = encode_trajectories(trajs, self.chat, max_length=4096, history=self.cfg.prompt.history)
+        if not examples:
+            return {}
+        sums: dict[str, float] = {}
+        for _ in range(self.cfg.bc_steps):
+            idx = self.rng.integers(0, len(examples), size=at.examples_per_step)
+            rec = at.step_on([examples[int(i)] for i in idx])
+            for k in ("loss", "grad_norm"):
+                sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
+        out = {f"bc/{k}": v / self.cfg.bc_steps for k, v in sums.items()}
+        out["bc/top_return"] = float(np.mean([d["return"] for d in top]))
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean return of the acting policy on ``eval_episodes`` fixed episodes of ``eval_split``
+        (RNG forked: evaluation never changes the training randomness)."""
+        from turnrl.rollout.sampler import Sampler, plan_episodes
+
+        cfg = self.cfg
+        probe = self.make_env()
+        try:
+            specs = plan_episodes(probe, cfg.eval_split, cfg.eval_episodes, cfg.eval_seed)
+        finally:
+            probe.close()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.eval_seed)
+            sampler = Sampler(self.make_env, self.policy(cfg.eval_temperature), env_name=self.env_name,
+                              num_envs=max(cfg.num_envs, 32), prompt=cfg.prompt)
+            try:
+                trajs = sampler.run(specs)
+            finally:
+                sampler.close()
+        rets = [t.return_ for t in trajs]
+        return {"eval/return": float(np.mean(rets)), "eval/success": float(np.mean([t.success for t in trajs])),
+                "eval/episodes": float(len(trajs))}
+
+    def iterate(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.time()
+        trajs = self.collect()
+        steps = sum(t.num_turns for t in trajs)
+        self.env_steps += steps
+        self.episodes += len(trajs)
+        if self.algo == "filtered_bc":
+            self.replay.add([t.to_dict() for t in trajs])
+        else:
+            self.replay.add([tr for t in trajs for tr in transitions(t, cfg.prompt.history, cfg.state_system)])
+        record: dict[str, Any] = {
+            "iteration": self.iteration + 1, "env_steps": self.env_steps, "episodes": self.episodes,
+            "train/return": float(np.mean([t.return_ for t in trajs])),
+            "train/success": float(np.mean([t.success for t in trajs])),
+            "train/invalid": _invalid(trajs), "replay": len(self.replay),
+        }
+        if self.critic_trainer is not None:
+            record.update(self.critic_phase())
+        if self.algo == "archer" and self.iteration + 1 > cfg.warmup_iterations:
+            record.update(self.actor_phase())
+        if self.algo == "filtered_bc":
+            record.update(self.bc_phase())
+        self.iteration += 1
+        if cfg.eval_every and (self.iteration % cfg.eval_every == 0 or self.iteration == cfg.iterations):
+            record.update(self.evaluate())
+        record["time"] = round(time.time() - t0, 3)
+        return record
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _ckpt_root(self) -> Path:
+        return self.out / CHECKPOINTS
+
+    def checkpoints(self) -> list[Path]:
+        root = self._ckpt_root()
+        if not root.is_dir():
+            return []
+        found = [(int(d.name.split("-")[1]), d) for d in root.iterdir()
+                 if d.name.startswith("iter-") and ".tmp" not in d.name and (d / "loop_state.json").is_file()]
+        return [d for _, d in sorted(found)]
+
+    def save_checkpoint(self) -> None:
+        root = self._ckpt_root()
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"iter-{self.iteration:06d}"
+        tmp = root / f"{name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        if self.accelerator._models:
+            self.accelerator.save_state(str(tmp / "state"))
+        self.replay.save(tmp / "replay.jsonl")
+        torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
+        atomic_write_json(tmp / "loop_state.json", {
+            "iteration": self.iteration, "env_steps": self.env_steps, "episodes": self.episodes,
+            "config_hash": self.config_hash, "np_rng": self.rng.bit_generator.state,
+            "actor_steps": self.actor_trainer.steps_done if self.actor_trainer else 0,
+            "critic_steps": self.critic_trainer.steps_done if self.critic_trainer else 0,
+        })
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.checkpoints()[: -max(1, self.cfg.keep_checkpoints)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        state = json.loads((ckpt / "loop_state.json").read_text())
+        if state.get("config_hash") != self.config_hash:
+            raise TurnRLError(f"{ckpt}: the config changed since this checkpoint was written; resume with the "
+                              "same config or choose another --out")
+        if (ckpt / "state").is_dir():
+            self.accelerator.load_state(str(ckpt / "state"))
+        self.replay.load(ckpt / "replay.jsonl")
+        torch.set_rng_state(torch.load(ckpt / "rng.pt")["torch_rng"])
+        self.rng.bit_generator.state = state["np_rng"]
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self.episodes = int(state["episodes"])
+        if self.actor_trainer is not None:
+            self.actor_trainer.steps_done = int(state["actor_steps"])
+        if self.critic_trainer is not None:
+            self.critic_trainer.steps_done = int(state["critic_steps"])
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        cfg = self.cfg
+        summary_path = self.out / "summary.json"
+        ckpts = self.checkpoints()
+        if summary_path.exists():
+            done = json.loads(summary_path.read_text())
+            if done.get("schema") == ONLINE_SUMMARY:
+                if not resume:
+                    raise TurnRLError(f"{self.out}: already holds a finished run; choose another --out")
+                return dict(done)
+        if ckpts and not resume:
+            raise TurnRLError(f"{self.out}: already holds a run; pass --resume to continue it or choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        root = self._ckpt_root()
+        if root.is_dir():
+            for d in root.iterdir():
+                if ".tmp" in d.name:
+                    shutil.rmtree(d, ignore_errors=True)
+        if ckpts:
+            self.load_checkpoint(ckpts[-1])
+        metrics_path = self.out / "metrics.jsonl"
+        self.history = [r for r in _read_jsonl(metrics_path) if int(r.get("iteration", 0)) <= self.iteration]
+        with open(metrics_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        if self.iteration == 0 and cfg.eval_every and not self.history:
+            start = {"iteration": 0, "env_steps": 0, "episodes": 0, **self.evaluate()}
+            self.history.append(start)
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(start) + "\n")
+        t0 = time.time()
+        with open(metrics_path, "a") as f:
+            while self.iteration < cfg.iterations:
+                record = self.iterate()
+                self.history.append(record)
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                if self.iteration % cfg.save_every == 0 or self.iteration == cfg.iterations:
+                    self.save_checkpoint()
+        return self._finish(time.time() - t0)
+
+    def _finish(self, elapsed: float) -> dict[str, Any]:
+        out = self.out
+        if self.actor_trainer is not None:
+            self.actor_trainer._save_final(float(self.history[-1].get("actor/loss", math.nan)) if self.history
+                                           else math.nan, elapsed)
+        else:
+            model_dir = out / "model"
+            shutil.rmtree(model_dir, ignore_errors=True)
+            self.actor.save_pretrained(str(model_dir))
+            self.tok.save_pretrained(str(model_dir))
+        if self.critic is not None:
+            torch.save({"critic": self.critic.state_dict(), "target": self.target.state_dict(),
+                        "config": self.cfg.critic.model_dump(mode="json")}, out / "critic.pt")
+        evals = [r for r in self.history if "eval/return" in r]
+        summary = {
+            "schema": ONLINE_SUMMARY, "algo": self.algo, "iterations": self.iteration, "env_steps": self.env_steps,
+            "episodes": self.episodes, "model_dir": str(out / "model"), "config_hash": self.config_hash,
+            "run_config": self.run_config, "elapsed_s": round(elapsed, 3),
+            "final_train_return": self.history[-1].get("train/return") if self.history else None,
+            "eval": [{"iteration": r["iteration"], "env_steps": r["env_steps"], "return": r["eval/return"],
+                      "success": r["eval/success"]} for r in evals],
+        }
+        atomic_write_json(out / "summary.json", summary)
+        return summary
+
+
+def _invalid(trajs: Sequence[Trajectory]) -> float:
+    turns = [m for t in trajs for m in t.messages if m.role == "assistant"]
+    return sum(1 for m in turns if m.valid is False) / max(1, len(turns))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def train_online(algo: Algo, model: str, env: str, out: str | Path, cfg: OnlineConfig, *,
+                 resume: bool = False) -> dict[str, Any]:
+    """Run ArCHer, CHAI or filtered BC (``algo``) online on ``env``; returns ``summary.json``'s content."""
+    return OnlineRun(algo, model, env, out, cfg).run(resume=resume)

@@ -1,0 +1,674 @@
+"""RLFT: token-level PPO on chain-of-thought + action (Schmied et al., "LLMs are Greedy
+Agents", 2025; seed 004; DESIGN 3 "RLFT").
+
+One iteration:
+
+1. **Rollout.** ``episodes_per_iter`` episodes of the current policy on the env's
+   ``split`` through the lock-step :class:`~turnrl.rollout.sampler.Sampler` (one batched
+   ``generate`` per env step; temperature 1.0; at most ``max_new_tokens`` = the thinking
+   budget G tokens a reply). The prompt is the instruction + output instruction + the last
+   ``C`` steps: the bandit envs render their last ``context`` = C steps as
+   ``Step=i Action=a Reward=r`` lines in every observation, so ``history=0`` (the default)
+   gives exactly the paper's prompt; for other envs ``history=C`` keeps the last C
+   (observation, action) exchanges. The action is the last valid ``ACTION=X`` (or
+   ``Action: X``) in the reply; with none, a random valid action is executed and
+   ``invalid_penalty`` (-5) is added to that step's reward. With ``epsilon`` > 0 a step
+   takes a uniformly random action instead of asking the model (epsilon-greedy; those
+   turns have no sampled tokens and are not trained on, their rewards count for earlier
+   turns' returns).
+2. **Rewards.** ``r_t = env_r_t / std(env_r of the batch)`` (``reward_norm``) +
+   ``invalid_penalty`` on invalid turns + ``exploration_bonus`` when the executed action
+   had not been executed before in the episode.
+3. **Advantages.** ``advantage=mc`` (default for the bandit envs, whose episodes all have
+   the same length): Monte-Carlo rewards-to-go minus the batch mean of the same step's
+   return (:func:`~turnrl.losses.rewards_to_go`,
+   :func:`~turnrl.losses.batch_baseline_advantages`); ``advantage=gae`` (default
+   elsewhere, e.g. tic-tac-toe): a value head (a linear layer on the last hidden state at
+   the last prompt token of each turn, ``model.value_head``) and
+   :func:`~turnrl.losses.gae`; the value head trains with
+   :func:`~turnrl.losses.value_loss` (``vf_coef``, optional ``value_clip``).
+   Advantages are standardised over the batch's trained turns (``adv_norm``).
+4. **Updates.** ``ppo_epochs`` passes over the episodes in ``minibatches`` minibatches;
+   every minibatch is one optimizer step of the trainer core
+   (:class:`~turnrl.train.core.Trainer`: exact accumulation over ``batch_size``-episode
+   micro-batches, AdamW, warm-up + cosine, gradient clipping 1.0, LoRA, checkpoints,
+   ``metrics.jsonl``). The loss is :func:`~turnrl.losses.ppo_loss` per action token
+   (clip 0.2, ``beta_kl`` 0.05 x KL(pi_theta || pi_ref) with the ``k3`` per-token
+   estimator by default, ``k1``, or ``kl_estimator=full`` for the exact full-vocabulary
+   KL), averaged over the action tokens of the minibatch. ``pi_old`` log-probs (and old
+   values) are recomputed with one no-grad pass at the start of the iteration, so the
+   ratio is 1 on the first minibatch (up to float rounding between packings);
+   ``pi_ref`` is the starting model (under
+   LoRA: the model with the adapter disabled, no second copy).
+
+Rollouts happen in the trainer core's ``before_step`` hook, at the first step of every
+iteration, from the model and RNG state of that moment; checkpoints are only written at
+iteration boundaries (``save_every`` must be a multiple of the steps per iteration), so
+a killed run resumes at the iteration after its last checkpoint -- iteration =
+``global_step / (ppo_epochs x minibatches)`` of the checkpoint; model (value head
+included), optimizer, scheduler and RNG states are in it -- and reaches the same result
+as an uninterrupted run.
+
+Departures from the paper (and why):
+
+* Scale: defaults are sized for the embedded tiny model on a CPU (16 episodes and 2x2
+  updates an iteration); the paper trains Gemma2 2B for 30k updates with lr 1e-4.
+* ``turns_per_episode`` (default 0 = all) trains on a random subset of each episode's
+  turns (advantages still use every step's reward): an unbiased, cheaper gradient for
+  long bandit episodes. The paper trains on all turns.
+* Rewards are normalised by the batch standard deviation (scale only, no shift: a shift
+  would reward or punish episode length where lengths vary); the paper does not say how.
+* The batch baseline is per step (the mean return-to-go of step ``t`` over the batch),
+  which fixed-length episodes allow.
+* epsilon-greedy turns are executed but not trained on (the model did not write them).
+* A reply cut by the thinking budget is trained with the template's end-of-turn token
+  appended, which the model did not sample; its old log-prob is recomputed like the rest.
+* The value head is a plain linear layer on the policy's last hidden state (shared
+  trunk, no separate critic network); a truncated episode bootstraps with 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from turnrl import envs
+from turnrl.agent.prompting import PromptConfig, agent_view
+from turnrl.data.schema import Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.losses import batch_baseline_advantages, gae, ppo_loss, rewards_to_go, value_loss
+from turnrl.rollout.engine import HFEngine, SamplingConfig
+from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
+from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
+from turnrl.tokenization import ChatFormat, Encoded
+from turnrl.train.core import LoraSettings, TrainConfig, Trainer, TrainResult, _is_peft
+from turnrl.train.forward import PackedBatch, pack
+
+__all__ = ["PPOConfig", "PPOObjective", "PPORunner", "TurnSample", "train_ppo"]
+
+BANDIT_ENVS = ("bandit", "contextual_bandit")
+
+
+class PPOConfig(TrainConfig):
+    """PPO settings: the trainer core's (``lr``, ``batch_size`` = episodes per micro-batch,
+    ``warmup_ratio``, ``lr_schedule``, ``max_grad_norm``, ``lora.*``, ...) plus these.
+    ``grad_accum``, ``epochs`` and ``max_steps`` are derived and must stay at their defaults."""
+
+    lr: float = 1e-4
+    batch_size: int = 4
+    iterations: int = 10
+    episodes_per_iter: int = 16
+    ppo_epochs: int = 2
+    minibatches: int = 2
+    clip_eps: float = 0.2
+    beta_kl: float = 0.05
+    kl_estimator: Literal["k1", "k3", "full"] = "k3"
+    advantage: Literal["auto", "mc", "gae"] = "auto"
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    vf_coef: float = 0.5
+    value_clip: float | None = None
+    adv_norm: bool = True
+    invalid_penalty: float = -5.0
+    reward_norm: bool = True
+    exploration_bonus: float = 0.0
+    epsilon: float = 0.0
+    temperature: float = 1.0
+    #: the thinking budget G: most tokens of a reply (rationale + action)
+    max_new_tokens: int = 64
+    #: earlier (observation, reply) exchanges in the prompt (0: the observation only -- the
+    #: bandit envs put the last C steps into it)
+    history: int | None = 0
+    #: replaces the env's instruction in the prompt
+    instruction: str | None = None
+    env_opts: dict[str, Any] = {}
+    split: str = "train"
+    num_envs: int = 32
+    #: train on this many random turns of each episode (0: all)
+    turns_per_episode: int = 0
+    max_length: int = 2048
+    row_tokens: int = 2048
+    #: evaluation every ``eval_every`` steps (trainer core) plays this many greedy episodes
+    eval_episodes: int = 0
+    eval_split: str = "seen"
+
+
+@dataclass
+class TurnSample:
+    """One agent turn of a rollout, tokenized as its own sequence (its context + reply)."""
+
+    enc: Encoded
+    episode: int
+    turn: int
+    advantage: float = 0.0
+    ret: float = 0.0
+    old_value: float = 0.0
+    old_logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(self.enc.action_mask[1:]))
+
+
+class EpisodeBuffer(Sequence[list[TurnSample]]):
+    """The trainer's dataset: a fixed number of episode slots, refilled every iteration."""
+
+    def __init__(self, size: int):
+        self.items: list[list[TurnSample]] = [[] for _ in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.items[i]
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@dataclass
+class Forward:
+    logps: torch.Tensor  # [K]
+    logprobs: torch.Tensor | None  # [K, V] (full-vocabulary KL)
+    values: torch.Tensor | None  # [S] value of each sequence's state
+    seq_order: list[int]  # sequences in the order their tokens appear in ``logps``
+
+
+def find_value_head(model: Any) -> Any:
+    """The ``value_head`` module of a (possibly peft-wrapped) model, or None."""
+    best = None
+    for name, mod in model.named_modules():
+        if name.split(".")[-1] == "value_head":
+            if best is None or len(name) < len(best[0]):
+                best = (name, mod)
+    return None if best is None else best[1]
+
+
+def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_head: Any = None) -> Forward:
+    """Log-probs of the agent tokens of a packed batch (as :func:`turnrl.train.forward.token_logps`),
+    with optional full log-distributions and the value of each sequence's state (read at the
+    position before its first agent token: the last prompt token)."""
+    device = next(model.parameters()).device
+    ids = batch.input_ids.to(device)
+    pos = batch.position_ids.to(device)
+    width = ids.shape[1]
+    if batch.keep.numel() == 0:
+        raise TurnRLError("PPO batch without agent tokens")
+    rows = batch.keep // width
+    cols = batch.keep % width
+    union, col_in_union = torch.unique(cols, return_inverse=True)
+    out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=union.to(device),
+                output_hidden_states=value_head is not None)
+    logits = out.logits[rows.to(device), col_in_union.to(device)]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logps = logprobs.gather(-1, batch.labels.to(device).unsqueeze(-1)).squeeze(-1)
+    seq = batch.seq_index
+    first = torch.ones_like(seq, dtype=torch.bool)
+    first[1:] = seq[1:] != seq[:-1]
+    seq_order = seq[first].tolist()
+    values = None
+    if value_head is not None:
+        hidden = out.hidden_states[-1]
+        h = hidden[rows[first].to(device), cols[first].to(device)]
+        v_in_order = value_head(h.to(next(value_head.parameters()).dtype)).squeeze(-1).float()
+        values = torch.zeros(batch.num_seqs, device=device, dtype=v_in_order.dtype)
+        values = values.index_put((torch.tensor(seq_order, device=device),), v_in_order)
+    return Forward(logps, logprobs if full else None, values, seq_order)
+
+
+def _split_by_seq(flat: torch.Tensor, seq_order: list[int], counts: Sequence[int]) -> dict[int, torch.Tensor]:
+    out: dict[int, torch.Tensor] = {}
+    at = 0
+    for s in seq_order:
+        out[s] = flat[at : at + counts[s]]
+        at += counts[s]
+    return out
+
+
+# --------------------------------------------------------------------------- objective
+
+
+class PPOObjective:
+    """Token-level PPO loss (+ value loss) on the trained turns of a list of episodes;
+    units = action tokens."""
+
+    def __init__(self, cfg: PPOConfig, pad_id: int, ref: Any = None):
+        self.cfg = cfg
+        self.pad_id = pad_id
+        #: a callable running the reference forward (full-vocabulary KL), or None
+        self.ref = ref
+        self.value_head: Any = None
+
+    def units(self, examples: Sequence[list[TurnSample]]) -> float:
+        return float(sum(s.tokens for ep in examples for s in ep))
+
+    def __call__(self, model: Any, examples: Sequence[list[TurnSample]]) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        samples = [s for ep in examples for s in ep]
+        if not samples:
+            p = next(model.parameters())
+            return p.sum() * 0.0, {}
+        batch = pack([s.enc for s in samples], row_tokens=cfg.row_tokens, pad_id=self.pad_id)
+        full = cfg.kl_estimator == "full" and cfg.beta_kl > 0
+        fw = policy_forward(model, batch, full=full, value_head=self.value_head)
+        device = fw.logps.device
+        order = fw.seq_order
+        old = torch.cat([_need(samples[s].old_logps, "old_logps") for s in order]).to(device)
+        counts = torch.tensor([samples[s].tokens for s in order], device=device)
+        adv = torch.repeat_interleave(torch.tensor([samples[s].advantage for s in order], device=device), counts)
+        kwargs: dict[str, Any] = {}
+        if cfg.beta_kl > 0:
+            if full:
+                assert self.ref is not None
+                with torch.no_grad():
+                    kwargs["ref_logprobs"] = self.ref(batch)
+                kwargs["logprobs"] = fw.logprobs
+            else:
+                kwargs["ref_logps"] = torch.cat([_need(samples[s].ref_logps, "ref_logps") for s in order]).to(device)
+                kwargs["kl_estimator"] = cfg.kl_estimator
+        losses, m = ppo_loss(fw.logps, old, adv, clip_eps=cfg.clip_eps, beta_kl=cfg.beta_kl, **kwargs)
+        total = losses.sum()
+        metrics = {k: float(m[k].sum()) for k in ("ratio", "clipped", "approx_kl", "kl", "pg_loss")}
+        metrics["ratio_max_dev"] = float((m["ratio"] - 1).abs().max()) * float(counts.sum())
+        if fw.values is not None:
+            vals = fw.values[torch.tensor(order, device=device)]
+            rets = torch.tensor([samples[s].ret for s in order], device=device)
+            olds = torch.tensor([samples[s].old_value for s in order], device=device)
+            vl, vm = value_loss(vals, rets, old_values=olds, clip=cfg.value_clip)
+            total = total + cfg.vf_coef * (vl * counts).sum()  # each token carries its turn's value loss
+            metrics["value_loss"] = float((vl.detach() * counts).sum())
+        return total, metrics
+
+
+def _need(x: torch.Tensor | None, name: str) -> torch.Tensor:
+    if x is None:
+        raise RuntimeError(f"PPO sample without {name}; the iteration's preparation did not run")
+    return x
+
+
+# --------------------------------------------------------------------------- exploration
+
+
+class EpsilonRandom:
+    """Epsilon-greedy for any env that lists its valid actions: with probability ``eps`` a
+    uniformly random valid action (no sampled tokens: not trained on)."""
+
+    def __init__(self, inner: Policy, eps: float):
+        self.inner, self.eps = inner, eps
+        self.name = f"{inner.name}+epsilon-greedy"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        out: list[Reply | None] = [None] * len(requests)
+        for i, r in enumerate(requests):
+            if r.valid_actions and r.rng.random() < self.eps:
+                a = r.rng.choice(r.valid_actions)
+                out[i] = Reply(f"I explore and pick {a} at random.\nACTION={a}", meta={"aid": "epsilon-greedy"})
+        rest = [i for i, o in enumerate(out) if o is None]
+        if rest:
+            for i, rep in zip(rest, self.inner.act([requests[i] for i in rest]), strict=True):
+                out[i] = rep
+        return [o for o in out if o is not None]
+
+
+def with_epsilon(policy: Policy, env_name: str, eps: float) -> Policy:
+    if eps <= 0:
+        return policy
+    if env_name in BANDIT_ENVS:
+        from turnrl.bandits.aids import with_aids
+
+        return with_aids(policy, [f"epsilon-greedy:eps={eps:g}"])
+    return EpsilonRandom(policy, eps)
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[list[float]], dict[str, float]]:
+    """Per-step training rewards of each episode (normalised env reward + penalty + bonus)."""
+    env_r = [r for t in trajs for r in t.rewards]
+    scale = 1.0
+    if cfg.reward_norm and len(env_r) > 1:
+        std = float(np.std(env_r))
+        scale = 1.0 / std if std > 1e-8 else 1.0
+    out: list[list[float]] = []
+    bonus_n = invalid_n = 0
+    for t in trajs:
+        turns = [m for m in t.messages if m.role == "assistant"]
+        seen: set[str] = set()
+        rs = []
+        for r, m in zip(t.rewards, turns, strict=False):
+            x = r * scale
+            if m.valid is False:
+                x += cfg.invalid_penalty
+                invalid_n += 1
+            elif cfg.exploration_bonus and m.action is not None and m.action not in seen:
+                x += cfg.exploration_bonus
+                bonus_n += 1
+            if m.action is not None:
+                seen.add(m.action)
+            rs.append(x)
+        out.append(rs)
+    n = max(1, len(env_r))
+    return out, {"reward_scale": scale, "bonus_rate": bonus_n / n, "invalid_rate": invalid_n / n}
+
+
+def _padded(rows: Sequence[Sequence[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max((len(r) for r in rows), default=0)
+    x = torch.zeros(len(rows), max(1, width), dtype=torch.float64)
+    m = torch.zeros_like(x)
+    for i, r in enumerate(rows):
+        x[i, : len(r)] = torch.tensor(list(r), dtype=torch.float64)
+        m[i, : len(r)] = 1
+    return x, m
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class PPORunner:
+    """Holds what the rollout hook needs; :meth:`before_step` is the trainer core's hook."""
+
+    cfg: PPOConfig
+    env_name: str
+    chat: ChatFormat
+    tokenizer: Any
+    buffer: EpisodeBuffer
+    objective: PPOObjective
+    advantage: str
+    ref_model: Any = None
+    trainer: Trainer | None = None
+    steps_per_iter: int = 1
+    last_rollout: list[Trajectory] = field(default_factory=list)
+
+    # -- helpers -------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        assert self.trainer is not None
+        return self.trainer.unwrapped_model
+
+    def prompt(self) -> PromptConfig:
+        return PromptConfig(history=self.cfg.history, instruction=self.cfg.instruction, invalid_action="random",
+                            invalid_penalty=0.0)
+
+    def policy(self, temperature: float) -> ModelPolicy:
+        engine = HFEngine(self.model, self.tokenizer, self.chat.stop_token_ids)
+        sampling = SamplingConfig(temperature=temperature, max_new_tokens=self.cfg.max_new_tokens)
+        return ModelPolicy(engine, self.chat, sampling, history=self.cfg.history, name="ppo")
+
+    def plan(self, iteration: int, split: str, episodes: int, salt: int = 0) -> list[EpisodeSpec]:
+        env = envs.make(self.env_name, **self.cfg.env_opts)
+        try:
+            ids = env.task_ids(split)
+        finally:
+            env.close()
+        rng = np.random.default_rng([self.cfg.seed, salt, iteration])
+        picks = rng.choice(len(ids), size=episodes, replace=episodes > len(ids))
+        return [EpisodeSpec(iteration * episodes + j, split, ids[int(k)], int(rng.integers(2**31)))
+                for j, k in enumerate(picks)]
+
+    def play(self, specs: Sequence[EpisodeSpec], policy: Policy) -> list[Trajectory]:
+        opts = dict(self.cfg.env_opts)
+        sampler = Sampler(lambda: envs.make(self.env_name, **opts), policy, env_name=self.env_name,
+                          num_envs=min(self.cfg.num_envs, len(specs)), prompt=self.prompt())
+        try:
+            return sampler.run(specs)
+        finally:
+            sampler.close()
+
+    # -- the hook ------------------------------------------------------------------------
+    def before_step(self, step: int) -> dict[str, float]:
+        iteration, within = divmod(step, self.steps_per_iter)
+        if within:
+            return {"iteration": float(iteration)}
+        stats = self.collect(iteration)
+        stats["iteration"] = float(iteration)
+        return {k if k == "iteration" else f"rollout/{k}": v for k, v in stats.items()}
+
+    def collect(self, iteration: int) -> dict[str, float]:
+        """Roll out, compute rewards and advantages, tokenize, recompute old/ref log-probs."""
+        cfg = self.cfg
+        policy = with_epsilon(self.policy(cfg.temperature), self.env_name, cfg.epsilon)
+        trajs = self.play(self.plan(iteration, cfg.split, cfg.episodes_per_iter), policy)
+        self.last_rollout = trajs
+        rewards, rstats = shaped_rewards(trajs, cfg)
+        samples = [self._samples(i, t) for i, t in enumerate(trajs)]
+        # which turns train (a random subset per episode with turns_per_episode)
+        rng = np.random.default_rng([cfg.seed, 7, iteration])
+        chosen: list[list[TurnSample]] = []
+        for eps in samples:
+            if cfg.turns_per_episode and len(eps) > cfg.turns_per_episode:
+                keep = sorted(rng.choice(len(eps), size=cfg.turns_per_episode, replace=False).tolist())
+                chosen.append([eps[k] for k in keep])
+            else:
+                chosen.append(list(eps))
+        needs_values = self.advantage == "gae"
+        self._old_pass(samples if needs_values else chosen, values=needs_values)
+        r, mask = _padded(rewards)
+        if self.advantage == "gae":
+            v = torch.zeros_like(r)
+            for i, eps in enumerate(samples):
+                for s in eps:
+                    v[i, s.turn] = s.old_value
+            adv, ret = gae(r, v, mask, gamma=cfg.gamma, lam=cfg.gae_lambda)
+        else:
+            ret = rewards_to_go(r, mask, cfg.gamma)
+            adv = batch_baseline_advantages(ret, mask)
+        flat = [s for eps in chosen for s in eps]
+        vals = torch.tensor([float(adv[s.episode, s.turn]) for s in flat], dtype=torch.float64)
+        if cfg.adv_norm and len(flat) > 1:
+            std = float(vals.std())
+            vals = (vals - vals.mean()) / (std if std > 1e-8 else 1.0)
+        for s, a in zip(flat, vals.tolist(), strict=True):
+            s.advantage = a
+            s.ret = float(ret[s.episode, s.turn])
+        if cfg.beta_kl > 0 and cfg.kl_estimator != "full":
+            self._ref_pass(flat)
+        for i, eps in enumerate(chosen):
+            self.buffer.items[i] = eps
+        returns = [t.return_ for t in trajs]
+        out = {"return": float(np.mean(returns)), "invalid": invalid_rate(trajs),
+               "turns": float(np.mean([t.num_turns for t in trajs])), "trained_turns": float(len(flat)),
+               "success": float(np.mean([t.success for t in trajs])), **rstats}
+        if self.env_name in BANDIT_ENVS:
+            out["coverage"] = float(np.mean([_coverage(t, self.cfg.env_opts, self.env_name) for t in trajs]))
+        return out
+
+    def _samples(self, episode: int, traj: Trajectory) -> list[TurnSample]:
+        out = []
+        turns = [m for m in traj.messages if m.role == "assistant"]
+        for t, m in enumerate(turns):
+            if not m.token_ids:  # aid-written (epsilon-greedy): not the model's tokens
+                continue
+            view, local = agent_view(traj.messages, t, self.cfg.history)
+            enc = self.chat.encode(view, trainable_turns=[local], max_length=self.cfg.max_length)
+            if enc is None or enc.num_turns == 0:
+                continue
+            out.append(TurnSample(enc, episode, t))
+        return out
+
+    def _chunks(self, samples: Sequence[TurnSample]) -> list[list[TurnSample]]:
+        out: list[list[TurnSample]] = []
+        cur: list[TurnSample] = []
+        n = 0
+        for s in samples:
+            if cur and n + len(s.enc) > self.cfg.row_tokens * 4:
+                out.append(cur)
+                cur, n = [], 0
+            cur.append(s)
+            n += len(s.enc)
+        if cur:
+            out.append(cur)
+        return out
+
+    @torch.no_grad()
+    def _old_pass(self, episodes: Sequence[Sequence[TurnSample]], *, values: bool) -> None:
+        model = self.model
+        was = model.training
+        model.eval()
+        try:
+            for chunk in self._chunks([s for eps in episodes for s in eps]):
+                batch = pack([s.enc for s in chunk], row_tokens=self.cfg.row_tokens, pad_id=self.objective.pad_id)
+                fw = policy_forward(model, batch, value_head=self.objective.value_head if values else None)
+                parts = _split_by_seq(fw.logps.cpu(), fw.seq_order, [s.tokens for s in chunk])
+                for k, s in enumerate(chunk):
+                    s.old_logps = parts[k]
+                    if fw.values is not None:
+                        s.old_value = float(fw.values[k])
+        finally:
+            model.train(was)
+
+    @torch.no_grad()
+    def _ref_pass(self, samples: Sequence[TurnSample]) -> None:
+        for chunk in self._chunks(samples):
+            batch = pack([s.enc for s in chunk], row_tokens=self.cfg.row_tokens, pad_id=self.objective.pad_id)
+            lp = self.ref_logprobs(batch)
+            labels = batch.labels.to(lp.device)
+            logps = lp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+            seq = batch.seq_index
+            first = torch.ones_like(seq, dtype=torch.bool)
+            first[1:] = seq[1:] != seq[:-1]
+            parts = _split_by_seq(logps.cpu(), seq[first].tolist(), [s.tokens for s in chunk])
+            for k, s in enumerate(chunk):
+                s.ref_logps = parts[k]
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """``[K, V]`` log-distributions of the reference at the batch's agent positions."""
+        model = self.model
+        if self.ref_model is not None:
+            return policy_forward(self.ref_model, batch, full=True).logprobs  # type: ignore[return-value]
+        was = model.training
+        model.eval()
+        try:
+            with model.disable_adapter():
+                lp = policy_forward(model, batch, full=True).logprobs
+        finally:
+            model.train(was)
+        assert lp is not None
+        return lp
+
+    # -- evaluation ----------------------------------------------------------------------
+    def evaluate(self, episodes: int, split: str | None = None) -> list[Trajectory]:
+        """Greedy (temperature 0) episodes of the current model on ``split``."""
+        specs = self.plan(0, split or self.cfg.eval_split, episodes, salt=1)
+        return self.play(specs, self.policy(0.0))
+
+    def eval_fn(self, model: Any, step: int) -> dict[str, float]:
+        trajs = self.evaluate(self.cfg.eval_episodes)
+        out = {"return": float(np.mean([t.return_ for t in trajs])), "invalid": invalid_rate(trajs)}
+        if self.env_name in BANDIT_ENVS:
+            out["coverage"] = float(np.mean([_coverage(t, self.cfg.env_opts, self.env_name) for t in trajs]))
+        return out
+
+
+def _coverage(traj: Trajectory, env_opts: dict[str, Any], env_name: str) -> float:
+    arms = int(env_opts.get("arms", env_opts.get("items", 10 if env_name == "bandit" else 5)))
+    acts = {m.action for m in traj.messages if m.role == "assistant" and m.action is not None}
+    return len(acts) / arms
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _check(cfg: PPOConfig, env_name: str) -> None:
+    for key in ("iterations", "episodes_per_iter", "ppo_epochs", "minibatches", "max_new_tokens", "num_envs"):
+        if getattr(cfg, key) < 1:
+            raise TurnRLError(f"ppo.{key} must be >= 1 (got {getattr(cfg, key)})")
+    if cfg.grad_accum != 1 or cfg.max_steps != 0 or cfg.epochs != 1.0:
+        raise TurnRLError("ppo: grad_accum, epochs and max_steps are derived from episodes_per_iter, minibatches, "
+                          "ppo_epochs and iterations; leave them unset")
+    per_mb = cfg.episodes_per_iter / cfg.minibatches
+    if per_mb != int(per_mb) or int(per_mb) % cfg.batch_size:
+        raise TurnRLError(
+            f"ppo: episodes_per_iter ({cfg.episodes_per_iter}) must split into minibatches ({cfg.minibatches}) "
+            f"of a multiple of batch_size ({cfg.batch_size}) episodes")
+    steps_per_iter = cfg.ppo_epochs * cfg.minibatches
+    if cfg.save_every % steps_per_iter:
+        raise TurnRLError(f"ppo: save_every ({cfg.save_every}) must be a multiple of the steps per iteration "
+                          f"(ppo_epochs x minibatches = {steps_per_iter}); checkpoints fall between iterations")
+    if not 0.0 <= cfg.epsilon <= 1.0:
+        raise TurnRLError(f"ppo.epsilon must be in [0, 1] (got {cfg.epsilon})")
+    if cfg.temperature <= 0:
+        raise TurnRLError(f"ppo.temperature must be > 0 for training rollouts (got {cfg.temperature})")
+    if not 0.0 <= cfg.gamma <= 1.0 or not 0.0 <= cfg.gae_lambda <= 1.0:
+        raise TurnRLError(f"ppo.gamma and ppo.gae_lambda must be in [0, 1] (got {cfg.gamma}, {cfg.gae_lambda})")
+    if cfg.split not in ("train", "seen", "unseen") or cfg.eval_split not in ("train", "seen", "unseen"):
+        raise TurnRLError(f"ppo: unknown split; choose from: train, seen, unseen (got {cfg.split}, {cfg.eval_split})")
+    envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
+
+
+def advantage_kind(cfg: PPOConfig, env_name: str) -> str:
+    if cfg.advantage != "auto":
+        return cfg.advantage
+    return "mc" if env_name in BANDIT_ENVS else "gae"
+
+
+def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *, resume: bool = False) -> TrainResult:
+    """Load the model, build the online loop and run it on the trainer core."""
+    from turnrl.models.loading import load_model, load_tokenizer
+
+    _check(cfg, env_name)
+    kind = advantage_kind(cfg, env_name)
+    steps_per_iter = cfg.ppo_epochs * cfg.minibatches
+    per_mb = cfg.episodes_per_iter // cfg.minibatches
+    train_cfg = cfg.model_copy(update={
+        "grad_accum": per_mb // cfg.batch_size,
+        "max_steps": cfg.iterations * steps_per_iter,
+    })
+    if kind == "gae" and cfg.lora is not None:
+        mods = list(cfg.lora.modules_to_save or [])
+        train_cfg.lora = LoraSettings(**{**cfg.lora.model_dump(), "modules_to_save": [*mods, "value_head"]})
+    tok = load_tokenizer(model_name)
+    chat = ChatFormat(tok)
+    model = load_model(model_name, dtype="float32" if cfg.mixed_precision == "no" else "auto")
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if kind == "gae" and find_value_head(model) is None:
+        hidden = int(model.config.hidden_size)
+        head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+        model.value_head = head.to(next(model.parameters()).device, next(model.parameters()).dtype)
+    ref_model = None
+    if cfg.beta_kl > 0 and cfg.lora is None:
+        ref_model = copy.deepcopy(model).eval()
+        for p in ref_model.parameters():
+            p.requires_grad_(False)
+    buffer = EpisodeBuffer(cfg.episodes_per_iter)
+    objective = PPOObjective(cfg, tok.pad_token_id or 0)
+    runner = PPORunner(cfg, env_name, chat, tok, buffer, objective, kind, ref_model=ref_model,
+                       steps_per_iter=steps_per_iter)
+    if cfg.kl_estimator == "full" and cfg.beta_kl > 0:
+        objective.ref = runner.ref_logprobs
+    run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,
+                  "ppo": cfg.model_dump(mode="json")}
+    trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
+                      before_step=runner.before_step,
+                      eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
+    runner.trainer = trainer
+    if kind == "gae":
+        objective.value_head = find_value_head(trainer.unwrapped_model)
+    if ref_model is None and cfg.beta_kl > 0 and not _is_peft(trainer.unwrapped_model):
+        raise TurnRLError("ppo: internal error: no reference model")
+    result = trainer.train(resume=resume)
+    if trainer.is_main:
+        (Path(out) / "ppo.json").write_text(json.dumps(
+            {"env": env_name, "advantage": kind, "steps_per_iteration": steps_per_iter,
+             "iterations": cfg.iterations}, indent=2) + "\n")
+    return result
+
+
+def iteration_of(step: int, cfg: PPOConfig) -> int:
+    """The PPO iteration an optimizer step (1-based, as logged) belongs to."""
+    return (step - 1) // (cfg.ppo_epochs * cfg.minibatches)
+

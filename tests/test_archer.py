@@ -1,0 +1,224 @@
+"""ArCHer, CHAI and filtered BC: target networks, TD regression on a hand-built MDP,
+transitions, kill-and-resume with the replay buffer, end-to-end runs on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from turnrl.data.schema import Message, Trajectory
+from turnrl.train.archer import (
+    CriticExample,
+    CriticObjective,
+    OnlineConfig,
+    OnlineTrainer,
+    ReplayBuffer,
+    train_online,
+    transitions,
+)
+from turnrl.train.core import _make_accelerator
+from turnrl.train.critic import CriticConfig, build_critic, make_target, polyak_update
+
+SMALL_CRITIC = {"hidden": 32, "intermediate": 64, "layers": 1, "heads": 2}
+
+
+def _critic(tok, **kw):
+    cfg = CriticConfig(**{**SMALL_CRITIC, **kw})
+    return build_critic(cfg, tok, seed=0), cfg
+
+
+def test_polyak_moves_target_by_exactly_tau(tiny_tokenizer) -> None:
+    critic, _ = _critic(tiny_tokenizer)
+    target = make_target(critic)
+    assert all(not p.requires_grad for p in target.parameters())
+    with torch.no_grad():  # make online and target differ everywhere
+        for p in critic.parameters():
+            p.add_(torch.randn_like(p))
+    before = [p.detach().clone() for p in target.parameters()]
+    online = [p.detach().clone() for p in critic.parameters()]
+    for step in range(3):
+        polyak_update(target, critic, 0.1)
+        for b, o, t in zip(before, online, target.parameters(), strict=True):
+            expected = b + 0.1 * (o - b)
+            assert torch.allclose(t, expected, atol=1e-6, rtol=0), f"update {step}"
+            b.copy_(t)
+    polyak_update(target, critic, 0.0)
+    assert all(torch.equal(b, t) for b, t in zip(before, target.parameters(), strict=True))
+    polyak_update(target, critic, 1.0)
+    assert all(torch.equal(o, t) for o, t in zip(online, target.parameters(), strict=True))
+    # the target shares the tokenizer instead of copying it
+    assert target.encoder.tokenizer is critic.encoder.tokenizer
+    with pytest.raises(ValueError, match="tau"):
+        polyak_update(target, critic, 1.5)
+
+
+def test_q_regression_on_a_two_step_mdp_converges_to_the_true_values(tiny_tokenizer, tmp_path: Path) -> None:
+    """start --left--> middle (r 0) --go--> end (r 2); start --right--> end (r 1).
+    The policy plays left then go. gamma 0.9: Q(middle, go) = V(middle) = 2,
+    Q(start, left) = 0 + 0.9 * 2 = 1.8 = V(start), Q(start, right) = 1."""
+    gamma, tau = 0.9, 0.1
+    critic, cfg = _critic(tiny_tokenizer, lr=3e-3, batch_size=3)
+    target = make_target(critic)
+    trainer = OnlineTrainer(critic, cfg, tmp_path, CriticObjective(gamma, v_use_min=False), total_steps=400,
+                            accelerator=_make_accelerator("no"))
+    online = trainer.unwrapped_model
+    data = [("room: start", "left", 0.0, "room: middle", 0.0), ("room: start", "right", 1.0, "room: end", 1.0),
+            ("room: middle", "go", 2.0, "room: end", 1.0)]
+    policy = {"room: start": "left", "room: middle": "go"}
+    for _ in range(400):
+        with torch.no_grad():
+            tq1, tq2 = target.q([d[0] for d in data], [policy[d[0]] for d in data])
+            tv1, tv2 = target.v([d[3] for d in data])
+        examples = [CriticExample(s, a, r, done, float(tv1[i]), float(tv2[i]), float(tq1[i]), float(tq2[i]))
+                    for i, (s, a, r, _, done) in enumerate(data)]
+        trainer.step_on(examples)
+        polyak_update(target, online, tau)
+    with torch.no_grad():
+        q1, q2 = online.q([d[0] for d in data], [d[1] for d in data])
+        v1, v2 = online.v(["room: start", "room: middle"])
+    for q in (q1, q2):
+        assert q.tolist() == pytest.approx([1.8, 1.0, 2.0], abs=0.1)
+    for v in (v1, v2):
+        assert v.tolist() == pytest.approx([1.8, 2.0], abs=0.1)
+
+
+def test_transitions_of_an_episode() -> None:
+    msgs = [Message("system", "sys"), Message("user", "o0"), Message("assistant", "a0"),
+            Message("user", "o1"), Message("assistant", "a1")]
+    traj = Trajectory(id="e", env="x", task_id="t", messages=msgs, rewards=[0.0, 1.0], return_=1.0,
+                      terminated=True, meta={"final_observation": "won"})
+    tr = transitions(traj, history=None)
+    assert [t["a"] for t in tr] == ["a0", "a1"] and [t["r"] for t in tr] == [0.0, 1.0]
+    assert [t["done"] for t in tr] == [0.0, 1.0]
+    assert tr[0]["s"] == "system: sys\nuser: o0"
+    assert tr[0]["s2"] == tr[1]["s"] == "system: sys\nuser: o0\nassistant: a0\nuser: o1"
+    assert tr[1]["s2"].endswith("assistant: a1\nuser: won")
+    assert [m["role"] for m in tr[1]["view"]] == ["system", "user", "assistant", "user"]
+    assert transitions(traj, history=0)[1]["s"] == "system: sys\nuser: o1"
+    traj.terminated, traj.truncated = False, True  # a truncated episode bootstraps
+    assert transitions(traj, history=None)[-1]["done"] == 0.0
+
+
+def test_replay_buffer_is_fifo_and_round_trips(tmp_path: Path) -> None:
+    buf = ReplayBuffer(3)
+    buf.add([{"i": i} for i in range(5)])
+    assert [r["i"] for r in buf.items] == [2, 3, 4]
+    buf.save(tmp_path / "r.jsonl")
+    other = ReplayBuffer(3)
+    other.load(tmp_path / "r.jsonl")
+    assert other.items == buf.items
+
+
+ENV_ARGS = ["prompt.history=0", "env_opts.opponent=random", "episodes_per_iteration=4", "num_envs=4",
+            "sampling.max_new_tokens=12", "critic_steps=2", "critic.batch_size=8", "actor.batch_size=4",
+            "critic.hidden=32", "critic.intermediate=64", "critic.layers=1", "critic.heads=2"]
+
+
+def _overrides(items: list[str]) -> OnlineConfig:
+    from turnrl.config import load_config
+
+    return load_config(OnlineConfig, None, items)
+
+
+@pytest.mark.parametrize("algo", ["archer", pytest.param("chai", marks=pytest.mark.slow),
+                                  pytest.param("filtered_bc", marks=pytest.mark.slow)])
+def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    cfg = _overrides([*ENV_ARGS, "iterations=2", "warmup_iterations=1", "eval_every=2", "eval_episodes=4",
+                      "bc_top=0.5", "bc_steps=1"])
+    summary = train_online(algo, str(tiny_dir), "tictactoe", tmp_path / "run", cfg)  # type: ignore[arg-type]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert summary["iterations"] == 2 and summary["env_steps"] == rows[-1]["env_steps"] > 0
+    assert [e["iteration"] for e in summary["eval"]] == [0, 2]
+    before = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    changed = max((before[k] - after[k]).abs().max().item() for k in before)
+    if algo == "archer":
+        assert "critic/loss" in rows[1] and "actor/loss" not in rows[1]  # warm-up: critic only
+        assert all(torch.isfinite(torch.tensor(rows[2][k])) for k in ("actor/loss", "critic/loss"))
+        assert changed > 0
+    elif algo == "chai":
+        assert "critic/loss" in rows[2] and "actor/loss" not in rows[2] and changed == 0  # frozen actor
+        assert (tmp_path / "run" / "critic.pt").is_file()
+    else:
+        assert "bc/loss" in rows[2] and changed > 0
+    with pytest.raises(Exception, match="already holds"):
+        train_online(algo, str(tiny_dir), "tictactoe", tmp_path / "run", cfg)  # type: ignore[arg-type]
+
+
+def test_bad_config_is_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "TURNRL_PROGRESS": "0"}
+    r = subprocess.run([sys.executable, "-m", "turnrl", "train", "archer", "--model", "tiny", "--env", "tictactoe",
+                        "--out", str(tmp_path / "x"), "critic.tua=0.1"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "critic.tua" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "turnrl", "train", "chai", "--model", "tiny", "--env", "tictactoe",
+                        "--out", str(tmp_path / "y"), "tau=2"], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "tau" in r.stderr and "Traceback" not in r.stderr
+
+
+def _cmd(tiny_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "turnrl", "train", "archer", "--model", str(tiny_dir), "--env", "tictactoe",
+            "--out", str(out), *ENV_ARGS, "iterations=5", "warmup_iterations=1", *extra]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_keeps_the_replay_buffer_and_the_result(tiny_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "TURNRL_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run(_cmd(tiny_dir, ref), check=True, env=env, capture_output=True)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd(tiny_dir, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoints" / "iter-000002"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (ckpt / "loop_state.json").is_file():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    ref_rows = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
+    latest = sorted((out / "checkpoints").glob("iter-??????"))[-1]
+    it = json.loads((latest / "loop_state.json").read_text())["iteration"]
+    replay = (latest / "replay.jsonl").read_text().splitlines()
+    assert len(replay) == ref_rows[it - 1]["replay"] > 0  # the buffer was saved whole with its checkpoint
+    again = subprocess.run(_cmd(tiny_dir, out), env=env, capture_output=True, text=True)
+    assert again.returncode != 0 and "--resume" in again.stderr
+    subprocess.run([*_cmd(tiny_dir, out), "--resume"], check=True, env=env, capture_output=True)
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
+    for a, b in zip(ref_rows, rows, strict=True):
+        for k in ("env_steps", "train/return", "replay", "critic/loss", "actor/loss"):
+            if k in a:
+                assert b[k] == pytest.approx(a[k], abs=1e-5), k
+    final = "checkpoints/iter-000005/replay.jsonl"
+    assert (out / final).read_text() == (ref / final).read_text()
+    from transformers import AutoModelForCausalLM
+
+    wa = AutoModelForCausalLM.from_pretrained(ref / "model").state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    ca, cb = torch.load(ref / "critic.pt")["critic"], torch.load(out / "critic.pt")["critic"]
+    assert max((ca[k] - cb[k]).abs().max().item() for k in ca) < 1e-5
+
+
+def test_joint_critic_reads_state_and_action_together(tiny_tokenizer) -> None:
+    critic, _ = _critic(tiny_tokenizer, joint=True)
+    with torch.no_grad():
+        out = critic(["user: board A", "user: board B"], ["Action: 4", "Action: 4"])
+        q_a, _ = critic.q(["user: board A"], ["Action: 4"])
+        q_b, _ = critic.q(["user: board A"], ["Action: 5"])
+    assert set(out) == {"q1", "q2", "v1", "v2"} and all(v.shape == (2,) for v in out.values())
+    assert out["q1"][0] == pytest.approx(float(q_a[0]), abs=1e-5)  # batched == single
+    assert float(q_a[0]) != float(q_b[0])  # the action changes Q

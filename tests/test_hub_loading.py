@@ -1,0 +1,110 @@
+"""Loading by hub id without network (a model saved into a hub-cache layout, HF_HUB_OFFLINE=1),
+and the shipped hub-model configs (LoRA, bf16, gradient checkpointing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnrl.config import load_config
+from turnrl.models.loading import resolve_model_path
+from turnrl.train.preference import PreferenceConfig
+from turnrl.train.sft import SFTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "configs" / "models"
+HUB_ID = "turnrl-test/tiny-chat"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hf_home(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``$HF_HOME`` whose hub cache holds the tiny model as ``turnrl-test/tiny-chat``."""
+    home = tmp_path_factory.mktemp("hf_home")
+    repo = home / "hub" / ("models--" + HUB_ID.replace("/", "--"))
+    shutil.copytree(tiny_dir, repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return home
+
+
+def _offline_env(hf_home: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub"), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
+
+
+PROBE = """
+import json, sys
+from turnrl.errors import TurnRLError
+from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
+out = {}
+for name in sys.argv[1:]:
+    try:
+        tok, model = load_tokenizer(name), load_model(name)
+        out[name] = {"resolved": resolve_model_path(name), "class": type(model).__name__,
+                     "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
+                     "first": float(next(model.parameters()).flatten()[0])}
+    except TurnRLError as e:
+        out[name] = {"error": str(e)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_hub_id_and_local_path_load_the_same_model_offline(hf_home: Path, tiny_dir: Path) -> None:
+    absent = "turnrl-test/absent"
+    proc = subprocess.run([sys.executable, "-c", PROBE, HUB_ID, str(tiny_dir), absent, str(tiny_dir / "nope")],
+                          env=_offline_env(hf_home), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    hub, local = out[HUB_ID], out[str(tiny_dir)]
+    assert hub["resolved"] == HUB_ID  # passed to transformers as a hub id, found in the cache
+    assert {k: v for k, v in hub.items() if k != "resolved"} == {k: v for k, v in local.items() if k != "resolved"}
+    assert hub["class"] == "LlamaForCausalLM"
+    err = out[absent]["error"]
+    assert err.startswith(f"cannot load tokenizer '{absent}'") and "\n" not in err
+    assert f"offline: hub id '{absent}' is not in the hub cache {hf_home / 'hub'}" in err
+    assert out[str(tiny_dir / "nope")]["error"] == f"model path not found: {tiny_dir / 'nope'}"
+
+
+def test_hub_ids_and_paths_are_told_apart(tiny_dir: Path) -> None:
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert resolve_model_path(str(tiny_dir)) == str(tiny_dir)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b-lora", "qwen2.5-1.5b-lora", "llama3-8b-lora"])
+def test_hub_model_configs_load_for_sft_and_preference(name: str) -> None:
+    for cls in (SFTConfig, PreferenceConfig):
+        cfg = load_config(cls, MODELS / f"{name}.yaml")
+        assert cfg.mixed_precision == "bf16" and cfg.gradient_checkpointing is True
+        assert cfg.lora is not None and cfg.lora.r >= 8 and "q_proj" in cfg.lora.target_modules
+    assert sorted(p.stem for p in MODELS.glob("*.yaml")) == ["llama3-8b-lora", "qwen2.5-0.5b-lora",
+                                                             "qwen2.5-1.5b-lora"]
+
+
+@pytest.mark.integration
+def test_sft_by_hub_id_with_a_hub_model_config(hf_home: Path, tmp_path: Path) -> None:
+    """`turnrl train sft --model ORG/NAME --config configs/models/...` offline: LoRA, bf16
+    autocast and gradient checkpointing on the tiny model (CPU), adapter and merged model saved."""
+    from turnrl.collect import run_policy
+    from turnrl.data.io import write_jsonl
+    from turnrl.rollout import ExpertPolicy
+
+    demos = tmp_path / "demos.jsonl"
+    write_jsonl(demos, run_policy(ExpertPolicy(), "tictactoe", episodes=4))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "turnrl", "train", "sft", "--model", HUB_ID, "--data", str(demos), "--out", str(out),
+           "--config", str(MODELS / "qwen2.5-0.5b-lora.yaml"), "max_steps=2", "batch_size=2", "grad_accum=1",
+           "lr=1e-3"]
+    proc = subprocess.run(cmd, env=_offline_env(hf_home), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train_config"]["mixed_precision"] == "bf16" and summary["train_config"]["lora"]["r"] == 16
+    assert summary["run_config"]["model"] == HUB_ID
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model" / "config.json").is_file()

@@ -1,0 +1,255 @@
+"""Preference oracles: env reward, the pairwise model (symmetry, training), the LLM judge, win rates."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_cli import one_line_error, run
+
+from turnrl.collect import run_policy
+from turnrl.data.schema import Message, Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.oracles import (
+    EnvRewardOracle,
+    Oracle,
+    OracleConfig,
+    comparisons_from_trajectories,
+    complement,
+    make_oracle,
+    preference_matrices,
+    read_comparisons,
+    render_trajectory,
+    score_samples,
+    select_samples,
+    win_rates,
+    write_comparisons,
+)
+from turnrl.rollout import ExpertPolicy, RandomPolicy
+
+
+def _traj(task: str, ret: float, tag: str = "") -> Trajectory:
+    msgs = [Message("system", "play"), Message("user", "Board: start"),
+            Message("assistant", f"Thought: {tag}\nAction: 1", action="1", valid=True)]
+    return Trajectory(id=f"{task}-{tag}-{ret}", env="tictactoe", task_id=task, messages=msgs, rewards=[ret],
+                      return_=ret, success=ret > 0, meta={"final_observation": f"result {ret}"})
+
+
+s = lambda x: 1.0 / (1.0 + math.exp(-x))  # noqa: E731
+
+
+# ------------------------------------------------------------------------ env reward
+
+
+def test_env_reward_oracle_hand_cases() -> None:
+    o = EnvRewardOracle(tau=1.0)
+    win, draw, loss = _traj("t", 1.0), _traj("t", 0.0), _traj("t", -1.0)
+    assert o("t", win, loss) == pytest.approx(s(2.0))  # 0.8808
+    assert o("t", win, loss) == pytest.approx(0.8807970779778823)
+    assert o("t", loss, win) == pytest.approx(s(-2.0))
+    assert o("t", draw, _traj("t", 0.0, "other")) == 0.5  # ties are exactly 1/2
+    assert o("t", win, loss) + o("t", loss, win) == 1.0  # exactly
+    half = EnvRewardOracle(tau=0.5)
+    assert half("t", win, draw) == pytest.approx(s(2.0))  # (1 - 0) / 0.5
+    assert EnvRewardOracle(tau=1e-3)("t", win, draw) == 1.0  # a hard oracle in the limit
+    with pytest.raises(TurnRLError, match="tau"):
+        EnvRewardOracle(tau=0.0)
+
+
+def test_complement_is_exact() -> None:
+    rng = np.random.default_rng(0)
+    for p in list(rng.random(2000)) + [0.0, 1.0, 0.5, 1e-300, 1 - 1e-16]:
+        a, b = complement(float(p))
+        assert a + b == 1.0
+        assert a == pytest.approx(p, abs=1e-15)
+
+
+def test_win_rates_by_hand() -> None:
+    # three samples of one task with returns 1, 0, -1 and tau = 1
+    samples = [_traj("t", 1.0), _traj("t", 0.0), _traj("t", -1.0)]
+    m = preference_matrices(EnvRewardOracle(1.0), {"t": samples})["t"]
+    expected = np.array([[0.5, s(1), s(2)], [s(-1), 0.5, s(1)], [s(-2), s(-1), 0.5]])
+    assert np.allclose(m, expected)
+    assert (m + m.T == 1.0).all() and (np.diag(m) == 0.5).all()
+    rates = win_rates(m)
+    assert rates[0] == pytest.approx((0.5 + s(1) + s(2)) / 3)
+    assert rates[1] == pytest.approx(0.5)  # the middle sample: symmetric around it
+    assert rates.mean() == pytest.approx(0.5)  # win rates of a group always average 1/2
+    with pytest.raises(ValueError):
+        win_rates(np.zeros((2, 3)))
+
+
+class CountingOracle(Oracle):
+    """Records its calls; prefers the first argument with a position bias of 0.1."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def probs(self, queries):  # type: ignore[no-untyped-def]
+        self.calls.append(len(queries))
+        return [min(1.0, s(a.return_ - b.return_) + 0.1) for _, a, b in queries]
+
+
+def test_queries_are_batched_and_position_bias_cancels() -> None:
+    groups = {t: [_traj(t, float(r), str(i)) for i, r in enumerate([1, 0, -1, 0, 1])] for t in ("a", "b", "c")}
+    o = CountingOracle()
+    mats = preference_matrices(o, groups)
+    assert o.calls == [3 * 5 * 4]  # one call, K(K-1) ordered queries a task for a non-symmetric oracle
+    for m in mats.values():
+        assert (m + m.T == 1.0).all()
+        assert m[0, 2] == pytest.approx(s(2))  # (p + 0.1 + 1 - (1 - p + 0.1)) / 2 = p: the bias is gone
+    sym = EnvRewardOracle(1.0)
+    calls: list[int] = []
+    orig = sym.probs
+    sym.probs = lambda q: (calls.append(len(q)), orig(q))[1]  # type: ignore[method-assign]
+    preference_matrices(sym, groups)
+    assert calls == [3 * 10]  # K(K-1)/2 for a symmetric oracle
+
+
+def test_score_samples_and_selection() -> None:
+    samples = [_traj("a", 1.0, "x"), _traj("a", 0.0, "y"), _traj("a", -1.0, "z"), _traj("b", 0.0, "x"),
+               _traj("b", 0.0, "y")]
+    scored = score_samples(samples, EnvRewardOracle(1.0))
+    assert len(scored) == 5 and all(t.meta["oracle"] == "env_reward" and "win_rate" in t.meta for t in scored)
+    best_worst = select_samples(scored, "best_worst")
+    assert [t.return_ for t in best_worst] == [1.0, -1.0]  # task b ties everywhere: dropped
+    with pytest.raises(TurnRLError, match="selection"):
+        select_samples(scored, "top")  # type: ignore[arg-type]
+
+
+def test_comparisons_roundtrip_and_bad_lines(tmp_path: Path) -> None:
+    samples = [_traj("a", 1.0, "x"), _traj("a", 0.0, "y"), _traj("a", 0.0, "z")]
+    comps = comparisons_from_trajectories(samples, hard=True, seed=1)
+    assert len(comps) == 3
+    for c in comps:  # labels follow returns whichever order A/B came in
+        assert c.label == (0.5 if c.a.return_ == c.b.return_ else float(c.a.return_ > c.b.return_))
+    assert len(comparisons_from_trajectories(samples, skip_ties=True)) == 2
+    path = tmp_path / "c.jsonl"
+    write_comparisons(path, comps)
+    back = read_comparisons(path)
+    assert [c.label for c in back] == [c.label for c in comps]
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["label"] = 2
+    path.write_text("\n".join([lines[0], json.dumps(bad)]) + "\n")
+    with pytest.raises(TurnRLError, match=r"c.jsonl:2: label"):
+        read_comparisons(path)
+
+
+# ------------------------------------------------------------------------ pairwise model
+
+
+def _ttt_trajectories(n: int) -> list[Trajectory]:
+    opts = {"opponent": "random"}
+    return (run_policy(RandomPolicy(), "tictactoe", episodes=n, env_opts=opts, seed=0)
+            + run_policy(ExpertPolicy(), "tictactoe", episodes=n, env_opts=opts, seed=0))
+
+
+@pytest.fixture(scope="module")
+def small_pairwise(tiny_dir: Path):
+    from turnrl.oracles.pairwise import PairwiseModelOracle, PairwiseSettings, build_pairwise_model
+
+    settings = PairwiseSettings(backbone=str(tiny_dir), layers=1, max_side_tokens=96)
+    model, tok = build_pairwise_model(settings, seed=3)
+    with torch.no_grad():  # a non-trivial head so that margins are far from 0
+        model.head.weight.normal_(std=1.0)
+    return PairwiseModelOracle(model, tokenizer=tok, batch_size=8)
+
+
+def test_pairwise_model_is_symmetric(small_pairwise) -> None:
+    trajs = _ttt_trajectories(6)
+    groups = {"g": trajs}  # 12 trajectories: 66 pairs
+    m = preference_matrices(small_pairwise, groups)["g"]
+    assert (m + m.T == 1.0).all()  # exactly, by construction
+    assert (np.diag(m) == 0.5).all()
+    assert np.abs(m - 0.5).max() > 1e-3  # not trivially 1/2
+    # each order asked separately, in other batches: P(i,j) + P(j,i) == 1 up to float noise
+    a, b, c = trajs[0], trajs[7], trajs[3]
+    p_ab, p_ba = small_pairwise.probs([("g", a, b), ("g", b, a)])
+    p_ab2 = small_pairwise.probs([("g", c, a), ("g", a, b)])[1]
+    assert p_ab + p_ba == 1.0
+    assert p_ab2 == pytest.approx(p_ab, abs=1e-6)
+    # the margin is antisymmetric in the model itself: f(a,b) - f(b,a) = -(f(b,a) - f(a,b))
+    d = small_pairwise.margins([("g", a, b), ("g", b, a)])
+    assert d[0] == -d[1]
+
+
+def test_pairwise_model_save_load_roundtrip(small_pairwise, tmp_path: Path) -> None:
+    from turnrl.oracles.pairwise import PairwiseModelOracle
+
+    small_pairwise.model.save_pretrained(tmp_path / "pm")
+    small_pairwise.encoder.tok.save_pretrained(tmp_path / "pm")
+    trajs = _ttt_trajectories(2)
+    q = [("g", trajs[0], trajs[2]), ("g", trajs[1], trajs[3])]
+    again = make_oracle(OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm")))
+    assert isinstance(again, PairwiseModelOracle)
+    assert again.probs(q) == pytest.approx(small_pairwise.probs(q), abs=1e-6)
+    with pytest.raises(TurnRLError, match="not a pairwise preference model"):
+        PairwiseModelOracle(tmp_path)
+
+
+def test_render_trajectory_shows_turns_and_outcome() -> None:
+    t = _ttt_trajectories(1)[0]
+    text = render_trajectory(t)
+    assert text.startswith("Agent: Thought:") and "Env: Opponent played" in text
+    assert text.endswith(t.meta["final_observation"])
+    assert t.meta["final_observation"] not in render_trajectory(t, final_observation=False)
+
+
+@pytest.mark.slow
+def test_train_preference_model_cli_learns_and_resumes(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    trajs = run_policy(RandomPolicy(), "tictactoe", episodes=120, env_opts={"opponent": "random"}, seed=0)
+    # group random games into pseudo-tasks of 6 so that pairs have different outcomes
+    trajs = [replace(t, task_id=f"g{i // 6}") for i, t in enumerate(trajs)]
+    comps = comparisons_from_trajectories(trajs, skip_ties=True, pairs_per_task=10, seed=0)
+    write_comparisons(tmp_path / "train.jsonl", [c for c in comps if int(c.task_id[1:]) < 16])
+    write_comparisons(tmp_path / "held.jsonl", [c for c in comps if int(c.task_id[1:]) >= 16])
+    args = ["train", "preference-model", "--data", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "pm"),
+            "--eval-data", str(tmp_path / "held.jsonl"), f"model.backbone={tiny_dir}", "model.layers=1",
+            "model.max_side_tokens=64", "model.max_task_tokens=16", "lr=2e-3", "batch_size=8", "save_every=10",
+            "max_steps=30"]
+    code, _, err = run(args, capsys)
+    assert code == 0, err
+    ev = json.loads((tmp_path / "pm" / "eval.json").read_text())
+    assert ev["final"]["loss"] < ev["start"]["loss"]
+    assert ev["final"]["accuracy"] > 0.7
+    # the trained directory is an oracle
+    oracle = make_oracle(OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm" / "model")))
+    held = read_comparisons(tmp_path / "held.jsonl")
+    p = oracle.probs([(c.task_id, c.a, c.b) for c in held])
+    agree = np.mean([(pi > 0.5) == (c.label > 0.5) for pi, c in zip(p, held, strict=True)])
+    assert agree == pytest.approx(ev["final"]["accuracy"], abs=1e-9)
+    # the same directory again without --resume is refused; with --resume it is a no-op
+    code, _, err = run(args, capsys)
+    one_line_error(code, err)
+    assert run([*args, "--resume"], capsys)[0] == 0
+    code, _, err = run(["train", "preference-model", "--data", str(tmp_path / "train.jsonl"), "--out",
+                        str(tmp_path / "x"), "model.pooling=max"], capsys)
+    one_line_error(code, err)
+
+
+# ------------------------------------------------------------------------------- judge
+
+
+def test_judge_runs_end_to_end_on_tiny(tiny_dir: Path) -> None:
+    from turnrl.oracles.judge import JudgeOracle, parse_verdict
+
+    judge = make_oracle(OracleConfig(kind="judge", model=str(tiny_dir), batch_size=4, max_tokens=400))
+    assert isinstance(judge, JudgeOracle) and not judge.symmetric
+    trajs = _ttt_trajectories(2)
+    m = preference_matrices(judge, {"g": trajs})["g"]
+    assert m.shape == (4, 4) and (m + m.T == 1.0).all() and ((m >= 0) & (m <= 1)).all()
+    assert parse_verdict("Answer: B, because") == 0.0 and parse_verdict("A") == 1.0 and parse_verdict("none") is None
+
+
+def test_make_oracle_errors() -> None:
+    assert isinstance(make_oracle(OracleConfig()), EnvRewardOracle)
+    with pytest.raises(TurnRLError, match="oracle.model"):
+        make_oracle(OracleConfig(kind="pairwise_model"))

@@ -1,0 +1,225 @@
+"""PPO (RLFT) on the trainer core with the tiny model: ratio 1 and KL 0 at the start, clipping,
+LoRA + full-vocabulary KL, the value head, kill-and-resume, one-line config errors.
+
+Configs are tiny (a 3-step bandit, a short tic-tac-toe instruction, thinking budget 6-8
+tokens) so that each run takes seconds; the untrained model writes no valid action, so
+the invalid-action policy and the -5 penalty are exercised too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from turnrl.errors import TurnRLError
+from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward, train_ppo
+
+TTT_INSTRUCTION = "Tic-tac-toe, you are X. Reply ACTION=<cell>."
+
+
+def metrics(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def bandit_cfg(**kw: Any) -> PPOConfig:
+    base: dict[str, Any] = {
+        "iterations": 2, "episodes_per_iter": 4, "batch_size": 2, "minibatches": 2, "ppo_epochs": 2,
+        "max_new_tokens": 6, "lr": 1e-3, "warmup_ratio": 0.0, "row_tokens": 1024,
+        "env_opts": {"arms": 3, "horizon": 3, "context": 2},
+        "instruction": "Press blue, green or red. Reply ACTION=X.",
+    }
+    return PPOConfig(**{**base, **kw})
+
+
+def test_ppo_bandit_ratio_one_and_kl_zero_at_start_then_moves(tiny_dir: Path, tmp_path: Path) -> None:
+    cfg = bandit_cfg(exploration_bonus=1.0, epsilon=0.25)
+    res = train_ppo(str(tiny_dir), "bandit", tmp_path / "run", cfg)
+    rows = metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(1, 9)) and res.steps == 8
+    first = rows[0]
+    # the first minibatch of every iteration: pi_theta == pi_old == pi_ref (iteration 0)
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert first["ratio_max_dev"] < 1e-4
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert first["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert first["clipped"] == 0.0
+    assert first["iteration"] == 0 and rows[4]["iteration"] == 1
+    assert rows[4]["ratio"] == pytest.approx(1.0, abs=1e-5)  # old log-probs recomputed each iteration
+    # after updates the policy has moved away from pi_old and pi_ref
+    later = rows[1:4] + rows[5:]
+    assert max(abs(r["ratio"] - 1.0) + r["approx_kl"] for r in later) > 1e-4
+    assert rows[4]["kl"] > 1e-6
+    # rollout statistics on the first step of each iteration: the untrained model writes no
+    # valid ACTION, gets the -5 penalty and a random valid arm
+    assert first["rollout/invalid"] > 0.5 and first["rollout/trained_turns"] > 0
+    assert 0 < first["rollout/coverage"] <= 1
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["run_config"]["advantage"] == "mc"
+
+
+def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.forward import pack
+
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_model(str(tiny_dir), dtype="float32")
+    chat = ChatFormat(tok)
+    msgs = [{"role": "system", "content": "Pick a cell."}, {"role": "user", "content": "Board: 0 1 2"},
+            {"role": "assistant", "content": "Thought: center.\nAction: 4"}]
+    enc = chat.encode(msgs, trainable_turns=[0])
+    assert enc is not None
+    sample = TurnSample(enc, 0, 0)
+    with torch.no_grad():
+        sample.old_logps = policy_forward(model, pack([enc])).logps
+    return model, tok, sample
+
+
+def _grad_norm(model: Any) -> float:
+    return float(sum(p.grad.abs().sum() for p in model.parameters() if p.grad is not None))
+
+
+def test_objective_clips_positive_advantages_above_one_plus_eps(tiny_dir: Path) -> None:
+    model, tok, sample = _sample(tiny_dir)
+    obj = PPOObjective(PPOConfig(beta_kl=0.0, clip_eps=0.2), tok.pad_token_id or 0)
+    current = sample.old_logps
+    assert current is not None
+    n = sample.tokens
+    # ratio = e (> 1.2) everywhere: with A > 0 every token is clipped and there is no gradient
+    sample.old_logps = current - 1.0
+    sample.advantage = 1.0
+    loss, m = obj(model, [[sample]])
+    assert m["clipped"] == n and m["ratio"] == pytest.approx(n * torch.e, rel=1e-4)
+    assert loss.item() == pytest.approx(-1.2 * n, rel=1e-5)
+    model.zero_grad()
+    loss.backward()
+    assert _grad_norm(model) == 0.0
+    # with A < 0 the unclipped (pessimistic) branch is taken: L = -rho * A, gradient flows
+    sample.advantage = -1.0
+    loss, m = obj(model, [[sample]])
+    assert m["clipped"] == 0 and loss.item() == pytest.approx(torch.e * n, rel=1e-4)
+    model.zero_grad()
+    loss.backward()
+    assert _grad_norm(model) > 0
+    # ratio 1: nothing clipped, L = -A per token
+    sample.old_logps = current
+    sample.advantage = 0.5
+    loss, m = obj(model, [[sample]])
+    assert m["clipped"] == 0 and loss.item() == pytest.approx(-0.5 * n, abs=1e-4)
+    assert obj.units([[sample]]) == n
+
+
+@pytest.mark.slow
+def test_ppo_lora_full_vocabulary_kl_is_zero_at_start(tiny_dir: Path, tmp_path: Path) -> None:
+    cfg = bandit_cfg(iterations=1, ppo_epochs=1, kl_estimator="full", beta_kl=0.1, lr=5e-3,
+                     lora={"r": 4, "alpha": 8, "dropout": 0.0})
+    res = train_ppo(str(tiny_dir), "bandit", tmp_path / "lora", cfg)
+    rows = metrics(tmp_path / "lora")
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the reference is the adapter-free model
+    assert rows[1]["kl"] > 0.0
+    assert res.adapter_dir is not None and (res.adapter_dir / "adapter_config.json").exists()
+
+
+def ttt_cmd(tiny_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "turnrl", "train", "ppo", "--model", str(tiny_dir), "--env", "tictactoe",
+            "--out", str(out), f"instruction={TTT_INSTRUCTION}", "iterations=3", "episodes_per_iter=2",
+            "batch_size=1", "minibatches=2", "ppo_epochs=1", "max_new_tokens=4", "save_every=2", "lr=1e-3",
+            "row_tokens=1024", "value_clip=0.2", "exploration_bonus=0.5", *extra]
+
+
+@pytest.mark.slow
+def test_ppo_sigkill_then_resume_matches_uninterrupted(tiny_dir: Path, tmp_path: Path) -> None:
+    """Tic-tac-toe: GAE with the value head (its weights and the RNG states are in the
+    checkpoint); the run is killed in its second iteration and resumed."""
+    env = {**os.environ, "TURNRL_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run(ttt_cmd(tiny_dir, ref), check=True, env=env, capture_output=True)
+    ref_rows = metrics(ref)
+    assert [r["step"] for r in ref_rows] == [1, 2, 3, 4, 5, 6]
+    assert all("value_loss" in r for r in ref_rows) and ref_rows[0]["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert json.loads((ref / "summary.json").read_text())["run_config"]["advantage"] == "gae"
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(ttt_cmd(tiny_dir, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if m.exists() and len(m.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    again = subprocess.run(ttt_cmd(tiny_dir, out), env=env, capture_output=True, text=True)
+    assert again.returncode != 0 and "--resume" in again.stderr
+    subprocess.run([*ttt_cmd(tiny_dir, out), "--resume"], check=True, env=env, capture_output=True)
+
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(rows, ref_rows, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["value_loss"] == pytest.approx(b["value_loss"], abs=1e-5)
+        for k in ("rollout/return", "rollout/invalid"):
+            assert a.get(k) == b.get(k)
+    from safetensors.torch import load_file
+
+    wa = load_file(str(ref / "model" / "model.safetensors"))
+    wb = load_file(str(out / "model" / "model.safetensors"))
+    assert any("value_head" in k for k in wa)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+
+
+def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    from turnrl.cli import main
+
+    def run(*args: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "ppo", "--model", str(tiny_dir), "--out", str(tmp_path / "o"), *args])
+        assert exc.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        return err
+
+    assert "save_every" in run("--env", "bandit", "save_every=3")
+    assert "grad_accum" in run("--env", "bandit", "grad_accum=2")
+    assert "episodes_per_iter" in run("--env", "bandit", "episodes_per_iter=5")
+    assert "kl_estimator" in run("--env", "bandit", "kl_estimator=k2")
+    assert "nope" in run("--env", "nope")
+    assert "arms" in run("--env", "bandit", "--env-opt", "arms=0")
+    with pytest.raises(TurnRLError, match="epsilon"):
+        train_ppo(str(tiny_dir), "bandit", tmp_path / "o", PPOConfig(epsilon=2.0))
+
+
+def test_compact_rationales_for_study_data() -> None:
+    from turnrl.greedy_study import compact_thought
+
+    assert compact_thought([], 2) == "Start."
+    assert compact_thought([(1, 0.3), (2, 0.1)], 2) == "Stay."
+    assert compact_thought([(2, 0.3), (1, 0.1)], 2) == "Switch."
+    assert compact_thought([(1, 0.3), (None, 0.0)], 4) == "Untried."
+
+
+def test_study_refuses_a_thinking_budget_below_its_replies(tiny_dir: Path, tmp_path: Path) -> None:
+    """The study's first measured run used G = 8 for 10-token replies: every sampled reply was
+    cut before its action. The budget check turns that into a one-line error."""
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.collect import run_policy
+    from turnrl.greedy_study import BANDIT_INSTRUCTION, CompactBanditPolicy, check_budget
+
+    data = tmp_path / "greedy.jsonl"
+    run_policy(CompactBanditPolicy("greedy"), "bandit", episodes=2, env_opts={"horizon": 3, "context": 3},
+               prompt=PromptConfig(history=0, instruction=BANDIT_INSTRUCTION), out=data)
+    longest = check_budget(data, 64, model=str(tiny_dir))
+    assert 3 < longest <= 64
+    with pytest.raises(TurnRLError, match="thinking budget"):
+        check_budget(data, longest - 1, model=str(tiny_dir))

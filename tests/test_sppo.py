@@ -1,0 +1,185 @@
+"""The SPPO pipeline: data building from oracle win rates, config errors, end to end with kill and resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli import one_line_error, run
+
+from turnrl.data.io import read_pairs, read_trajectories
+from turnrl.data.schema import Message, Trajectory
+from turnrl.errors import TurnRLError
+from turnrl.pipelines.sppo import SPPOConfig, build_data
+
+s = lambda x: 1.0 / (1.0 + math.exp(-x))  # noqa: E731
+
+
+def _traj(task: str, ret: float, k: int) -> Trajectory:
+    msgs = [Message("system", "play"), Message("user", "Board"),
+            Message("assistant", f"Thought: {k}\nAction: {k}", action=str(k), valid=True)]
+    return Trajectory(id=f"{task}-{k}", env="tictactoe", task_id=task, messages=msgs, rewards=[ret], return_=ret)
+
+
+SAMPLES = [_traj("a", 1.0, 0), _traj("a", 0.0, 1), _traj("a", -1.0, 2), _traj("a", 0.0, 3),
+           _traj("b", 0.0, 0), _traj("b", 0.0, 1), _traj("b", 0.0, 2), _traj("b", 0.0, 3)]
+
+
+def test_build_data_sppo_all_and_best_worst(tmp_path: Path) -> None:
+    cfg = SPPOConfig(samples_per_task=4)
+    stats = build_data(cfg, SAMPLES, tmp_path / "scored.jsonl", tmp_path / "data.jsonl")
+    scored = {t.id: t.meta["win_rate"] for t in read_trajectories(tmp_path / "scored.jsonl")}
+    # a: returns 1, 0, -1, 0 -> win rate of the winner = (1/2 + s(1) + s(2) + s(1)) / 4
+    assert scored["a-0"] == pytest.approx((0.5 + 2 * s(1) + s(2)) / 4)
+    assert scored["a-2"] == pytest.approx((0.5 + 2 * s(-1) + s(-2)) / 4)
+    assert scored["a-1"] == pytest.approx((0.5 + s(-1) + s(1) + 0.5) / 4) == pytest.approx(0.5)
+    assert all(scored[f"b-{k}"] == 0.5 for k in range(4))
+    assert stats["train_samples"] == 8 and stats["decided_tasks"] == 1 and stats["oracle"] == "env_reward"
+    cfg = SPPOConfig(samples_per_task=4, select="best_worst")
+    build_data(cfg, SAMPLES, tmp_path / "s2.jsonl", tmp_path / "d2.jsonl")
+    kept = read_trajectories(tmp_path / "d2.jsonl")
+    assert [t.id for t in kept] == ["a-0", "a-2"]  # task b's samples all tie: no signal, dropped
+
+
+def test_build_data_dpo_pairs_best_vs_worst(tmp_path: Path) -> None:
+    cfg = SPPOConfig(samples_per_task=4, loss="dpo")
+    stats = build_data(cfg, SAMPLES, tmp_path / "scored.jsonl", tmp_path / "pairs.jsonl")
+    pairs = read_pairs(tmp_path / "pairs.jsonl")
+    assert stats["train_pairs"] == 1 and len(pairs) == 1
+    p = pairs[0]
+    assert p.chosen.id == "a-0" and p.rejected.id == "a-2"
+    assert p.chosen.return_ == 1.0 and p.rejected.return_ == -1.0  # env returns restored
+    assert "env_return" not in p.chosen.meta and p.meta["kind"] == "self_play_oracle"
+    with pytest.raises(TurnRLError, match="no pairs"):
+        build_data(cfg, SAMPLES[4:], tmp_path / "s.jsonl", tmp_path / "p.jsonl")
+
+
+def test_config_errors(capsys, tmp_path: Path) -> None:
+    with pytest.raises(TurnRLError, match="samples_per_task"):
+        SPPOConfig(samples_per_task=1).check()
+    with pytest.raises(TurnRLError, match="eval_splits"):
+        SPPOConfig(eval_splits=["test"]).check()
+    code, _, err = run(["sppo", "samples_per_tsk=3"], capsys)
+    assert "samples_per_task" in one_line_error(code, err)
+    bad = tmp_path / "c.yaml"
+    bad.write_text("oracle: {kind: pairwise}\n")
+    code, _, err = run(["sppo", "--config", str(bad)], capsys)
+    assert "oracle.kind" in one_line_error(code, err)
+
+
+def _config(tmp_path: Path, tiny_dir: Path) -> Path:
+    cfg = {
+        "out": str(tmp_path / "run"), "base": str(tiny_dir), "expert_episodes": 24,
+        "sft": {"epochs": 2.0, "batch_size": 8, "lr": 2e-3, "history": 0, "save_every": 0},
+        "train_tasks": 6, "samples_per_task": 3, "iterations": 2, "eval_splits": ["seen"], "eval_episodes": 6,
+        "num_envs": 18, "max_new_tokens": 24,
+        "train": {"loss": "sppo", "epochs": 2.0, "batch_size": 3, "lr": 3e-4, "save_every": 1,
+                  "lr_schedule": "constant"},
+    }
+    path = tmp_path / "sppo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sppo_pipeline_end_to_end_resumes_after_kill(tmp_path: Path, tiny_dir: Path) -> None:
+    config = _config(tmp_path, tiny_dir)
+    out = tmp_path / "run"
+    env = {**os.environ, "TURNRL_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "turnrl", "sppo", "--config", str(config)]
+    # kill (SIGKILL) the run in the middle of iteration 1's training, after a checkpoint
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpts = out / "iter-1" / "train" / "checkpoints"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.is_dir() and any(d.name.startswith("step-") and ".tmp" not in d.name for d in ckpts.iterdir()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists() and not (out / "iter-1" / "train.done.json").exists()
+    sampled = (out / "iter-1" / "samples.jsonl.done.json").stat().st_mtime_ns
+    scored = (out / "iter-1" / "data.jsonl.done.json").stat().st_mtime_ns
+
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    # finished stages were skipped, the training resumed from its checkpoint
+    assert (out / "iter-1" / "samples.jsonl.done.json").stat().st_mtime_ns == sampled
+    assert (out / "iter-1" / "data.jsonl.done.json").stat().st_mtime_ns == scored
+    steps = [json.loads(x)["step"] for x in (out / "iter-1" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # each step logged once: no step redone or lost
+    summary = json.loads((out / "summary.json").read_text())
+    assert [it["iteration"] for it in summary["iterations"]] == [1, 2]
+    assert summary["method"] == "sppo" and summary["start"]["results"][0]["split"] == "seen"
+    for i in (1, 2):
+        it = out / f"iter-{i}"
+        assert len(read_trajectories(it / "samples.jsonl")) == 6 * 3
+        data = read_trajectories(it / "data.jsonl")
+        assert all(0.0 <= t.meta["win_rate"] <= 1.0 for t in data)
+        # the reference of iteration i is the agent at its start
+        ref = json.loads((it / "train" / "summary.json").read_text())["run_config"]["model"]
+        assert ref == (str(out / "sft" / "model") if i == 1 else str(out / "iter-1" / "train" / "model"))
+    # a third run does nothing and returns the same summary
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "skip iter-2/train" in r.stdout and "run iter-" not in r.stdout
+    assert json.loads((out / "summary.json").read_text())["iterations"] == summary["iterations"]
+
+
+def test_preference_units_with_a_history_window_sum_the_agent_views(tiny_dir: Path) -> None:
+    """history=0: a side's per-turn log-probs are those of each turn in the context the agent had."""
+    import torch
+
+    from turnrl.agent.prompting import agent_view
+    from turnrl.collect import run_policy
+    from turnrl.data.io import write_jsonl
+    from turnrl.data.schema import Pair
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.rollout import RandomPolicy
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.forward import pack, token_logps
+    from turnrl.train.preference import PreferenceConfig, load_units, unit_turn_logps
+
+    a, b = run_policy(RandomPolicy(), "tictactoe", episodes=2, env_opts={"opponent": "random"})
+    tok, model = load_tokenizer(str(tiny_dir)), load_model(str(tiny_dir))
+    chat = ChatFormat(tok)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "pairs.jsonl"
+        write_jsonl(path, [Pair("t", a, b, {})])
+        cfg = PreferenceConfig(loss="dpo", history=0)
+        units, _ = load_units(path, chat, cfg)
+        full, _ = load_units(path, chat, PreferenceConfig(loss="dpo"))
+    (u,) = units
+    assert u.num_turns == [a.num_turns, b.num_turns] and len(u.seqs) == a.num_turns + b.num_turns
+    with torch.no_grad():
+        got = unit_turn_logps(model, units, cfg, tok.pad_token_id)[0]
+        got_full = unit_turn_logps(model, full, PreferenceConfig(loss="dpo"), tok.pad_token_id)[0]
+        for side, traj in enumerate((a, b)):
+            for t in range(traj.num_turns):
+                view, local = agent_view(traj.messages, t, 0)
+                enc = chat.encode(view, trainable_turns=[local])
+                batch = pack([enc], row_tokens=4096, pad_id=tok.pad_token_id)
+                want = float(token_logps(model, batch).sum())
+                assert float(got[side, t]) == pytest.approx(want, abs=1e-4)
+    # turn 0 sees the same context either way; later turns do not
+    assert float(got[0, 0]) == pytest.approx(float(got_full[0, 0]), abs=1e-4)
+    assert not torch.allclose(got[0, 1:a.num_turns], got_full[0, 1:a.num_turns])
+
+
+def test_compare_accepts_sppo() -> None:
+    from turnrl.pipelines.compare import METHODS, CompareConfig, _check
+
+    assert "sppo" in METHODS
+    _check(CompareConfig(methods=["sft", "sppo"]))  # no error
