@@ -34,7 +34,8 @@ app.add_typer(diagnose_app, name="diagnose")
 register_sppo(app, train_app)
 register_pipelines(app)
 
-console = Console()
+#: piped output (CI logs, ``| tee``) gets a width that fits the results tables instead of rich's 80
+console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True)
 
 EnvOpt = Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")]
