@@ -77,8 +77,9 @@ def _default_train() -> PreferenceConfig:
                             lr_schedule="constant", max_length=1024)
 
 
-class EtoConfig(Config):
-    """Settings of ``turnrl eto`` / ``turnrl dmpo`` (``train.*`` are the preference trainer's)."""
+class AgentPipelineConfig(Config):
+    """What every iterative agent pipeline (ETO/DMPO, SPPO) shares: the env, the prompt, the
+    starting agent (SFT on expert demos, or ``model``) and the evaluation."""
 
     out: str = "runs/eto"
     env: str = ENV
@@ -91,7 +92,24 @@ class EtoConfig(Config):
     base: str = "tiny"
     """Model SFT starts from; ``tiny`` builds the embedded tiny model for ``env`` in OUT/tiny."""
     expert_episodes: int = 200
-    """Train tasks: the expert plays them for SFT and pairs; exploration revisits them."""
+    """Expert demos (one per train task, the first ones of the split): the SFT data, and for
+    ETO the tasks exploration revisits and the pairs' winners."""
+    sft: SFTConfig = _default_sft()
+    eval_splits: list[str] = ["seen", "unseen"]
+    eval_episodes: int = 100
+    eval_seed: int = 1
+    seed: int = 0
+    num_envs: int = 64
+    max_new_tokens: int = 48
+
+    def prompt(self) -> PromptConfig:
+        return PromptConfig(instruction=self.instruction, history=self.history)
+
+
+class EtoConfig(AgentPipelineConfig):
+    """Settings of ``turnrl eto`` / ``turnrl dmpo`` (``train.*`` are the preference trainer's)."""
+
+    out: str = "runs/eto"
     explore_tasks: int | None = None
     """Explore only the first this many train tasks (None: all ``expert_episodes``)."""
     sft: SFTConfig = _default_sft()
@@ -110,15 +128,6 @@ class EtoConfig(Config):
     train: PreferenceConfig = _default_train()
     rft_init: Literal["current", "base"] = "current"
     rft_epochs: float = 1.0
-    eval_splits: list[str] = ["seen", "unseen"]
-    eval_episodes: int = 100
-    eval_seed: int = 1
-    seed: int = 0
-    num_envs: int = 64
-    max_new_tokens: int = 48
-
-    def prompt(self) -> PromptConfig:
-        return PromptConfig(instruction=self.instruction, history=self.history)
 
     def check(self) -> EtoConfig:
         """Cross-field checks, one line each."""

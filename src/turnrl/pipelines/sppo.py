@@ -43,25 +43,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from turnrl.config import Config
 from turnrl.data.io import read_trajectories, write_jsonl
 from turnrl.data.pairs import self_play_pairs
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.oracles import OracleConfig, make_oracle, score_samples, select_samples
+from turnrl.pipelines.eto import AgentPipelineConfig
 from turnrl.pipelines.iterative import iter_dir, run_stage
-from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
 from turnrl.train.core import atomic_write_json
 from turnrl.train.preference import PreferenceConfig
-from turnrl.train.sft import SFTConfig
 
 Log = Callable[[str], None]
 
 __all__ = ["SPPOConfig", "build_data", "compare_method", "run_iteration", "run_sppo", "sample"]
-
-
-def _default_sft() -> SFTConfig:
-    return SFTConfig(epochs=3.0, batch_size=16, lr=2e-3, row_tokens=1024, warmup_ratio=0.03, history=PROMPT.history)
 
 
 def _default_train() -> PreferenceConfig:
@@ -69,22 +63,10 @@ def _default_train() -> PreferenceConfig:
                             row_tokens=1024, warmup_ratio=0.05, lr_schedule="constant", max_length=1024)
 
 
-class SPPOConfig(Config):
+class SPPOConfig(AgentPipelineConfig):
     """Settings of ``turnrl sppo`` (``train.*`` are the preference trainer's, ``oracle.*`` the oracle's)."""
 
     out: str = "runs/sppo"
-    env: str = ENV
-    env_opts: dict[str, Any] = dict(ENV_OPTS)
-    instruction: str | None = PROMPT.instruction
-    """Replaces the env's instruction (default: the quickstart's short tic-tac-toe prompt)."""
-    history: int | None = PROMPT.history
-    model: str | None = None
-    """The starting agent; None = SFT ``base`` on ``expert_episodes`` expert demos (OUT/sft)."""
-    base: str = "tiny"
-    """Model SFT starts from; ``tiny`` builds the embedded tiny model for ``env`` in OUT/tiny."""
-    expert_episodes: int = 200
-    """Expert demos for the SFT start (one per train task, the first ones of the split)."""
-    sft: SFTConfig = _default_sft()
     train_tasks: int = 200
     """Train tasks sampled every iteration (the first ones of the split)."""
     iterations: int = 3
@@ -97,12 +79,6 @@ class SPPOConfig(Config):
     loss: Literal["sppo", "dpo"] = "sppo"
     """sppo; or dpo on each task's best-vs-worst pair by win rate (the self-play DPO baseline)."""
     train: PreferenceConfig = _default_train()
-    eval_splits: list[str] = ["seen", "unseen"]
-    eval_episodes: int = 100
-    eval_seed: int = 1
-    seed: int = 0
-    num_envs: int = 64
-    max_new_tokens: int = 48
 
     def check(self) -> SPPOConfig:
         if self.iterations < 0:
@@ -122,12 +98,8 @@ class SPPOConfig(Config):
         """The same settings as an ETO config, to reuse its SFT, rollout and eval stages."""
         from turnrl.pipelines.eto import EtoConfig
 
-        return EtoConfig(out=self.out, env=self.env, env_opts=self.env_opts, instruction=self.instruction,
-                         history=self.history, model=self.model, base=self.base,
-                         expert_episodes=self.expert_episodes, sft=self.sft, eval_splits=self.eval_splits,
-                         eval_episodes=self.eval_episodes, eval_seed=self.eval_seed, seed=self.seed,
-                         num_envs=self.num_envs, max_new_tokens=self.max_new_tokens,
-                         samples_per_task=self.samples_per_task, sample_temperature=self.temperature)
+        shared = {k: getattr(self, k) for k in AgentPipelineConfig.model_fields}
+        return EtoConfig(**shared, samples_per_task=self.samples_per_task, sample_temperature=self.temperature)
 
 
 # ----------------------------------------------------------------------------- stages
