@@ -105,6 +105,12 @@ class AgentPipelineConfig(Config):
     def prompt(self) -> PromptConfig:
         return PromptConfig(instruction=self.instruction, history=self.history)
 
+    def check_eval_splits(self) -> None:
+        """One line for an unknown split in ``eval_splits``."""
+        for s in self.eval_splits:
+            if s not in ("train", "seen", "unseen"):
+                raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+
 
 class EtoConfig(AgentPipelineConfig):
     """Settings of ``turnrl eto`` / ``turnrl dmpo`` (``train.*`` are the preference trainer's)."""
@@ -137,9 +143,7 @@ class EtoConfig(AgentPipelineConfig):
             raise TurnRLError(f"expert_episodes must be >= 1 (got {self.expert_episodes})")
         if self.samples_per_task < 1:
             raise TurnRLError(f"samples_per_task must be >= 1 (got {self.samples_per_task})")
-        for s in self.eval_splits:
-            if s not in ("train", "seen", "unseen"):
-                raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        self.check_eval_splits()
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
         return self

@@ -89,9 +89,7 @@ class SPPOConfig(AgentPipelineConfig):
             raise TurnRLError(f"train_tasks must be >= 1 (got {self.train_tasks})")
         if self.temperature < 0:
             raise TurnRLError(f"temperature must be >= 0 (got {self.temperature})")
-        for s in self.eval_splits:
-            if s not in ("train", "seen", "unseen"):
-                raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        self.check_eval_splits()
         return self
 
     def eto_view(self) -> Any:
