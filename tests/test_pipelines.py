@@ -136,7 +136,14 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert [r["iteration"] for r in it] == [0, 1, 2]
     assert it[1]["avg_reward"] == 0.0
     v = verdicts(CompareConfig(methods=["sft", "eto"]), list(rows.values()))
-    assert any("eto vs sft" in line and "beats SFT" in line for line in v)
+    assert any("eto vs sft" in line and "above (CIs do not overlap)" in line for line in v)
+    one = aggregate([_rec("sft", 0, "seen", 0.1), _rec("eto", 0, "seen", 0.9, iteration=1)])
+    assert "no verdict" in verdicts(CompareConfig(methods=["sft", "eto"]), one)[0]
+    recs += [_rec("sppo", s, "seen", r, iteration=3) for s, r in enumerate([0.3, 0.1, 0.2])]
+    recs += [_rec("sppo_dpo", s, "seen", r, iteration=3) for s, r in enumerate([0.2, 0.2, 0.2])]
+    v = verdicts(CompareConfig(methods=["sft", "eto", "sppo", "sppo_dpo"]), aggregate(recs))
+    assert any(line.startswith("- sppo vs sft") and "not separated" in line for line in v)
+    assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
 
 
 # ----------------------------------------------------------------------------- kill and resume

@@ -183,3 +183,29 @@ def test_compare_accepts_sppo() -> None:
 
     assert "sppo" in METHODS
     _check(CompareConfig(methods=["sft", "sppo"]))  # no error
+    assert "sppo_dpo" in METHODS
+    _check(CompareConfig(methods=["sppo_dpo"], sppo={"train": {"lr": 1e-5, "eta": 2.0}, "select": "best_worst"}))
+
+
+def test_compare_sppo_section_is_checked_and_applied(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from turnrl.errors import TurnRLError
+    from turnrl.pipelines.compare import CompareConfig, _check
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.pipelines.sppo import compare_config
+
+    with pytest.raises(TurnRLError, match=r"section sppo: unknown key 'train.lrr'"):
+        _check(CompareConfig(methods=["sppo"], sppo={"train": {"lrr": 1.0}}))
+    with pytest.raises(TurnRLError, match=r"section sppo: 'model' is set by the comparison"):
+        _check(CompareConfig(methods=["sppo"], sppo={"model": "x"}))
+    with pytest.raises(TurnRLError, match=r"bad value for 'select'"):
+        _check(CompareConfig(methods=["sppo"], sppo={"select": "median"}))
+    cfg = CompareConfig(methods=["sppo"], sppo={"train": {"lr": 1e-5}, "train_tasks": 7})
+    run = SimpleNamespace(cfg=cfg, pipe=EtoConfig(expert_episodes=50, iterations=2, seed=3), sft="SFT",
+                          dir=tmp_path)
+    got = compare_config(run)
+    assert (got.train.lr, got.train.loss, got.train.eta, got.train_tasks) == (1e-5, "sppo", 5.0, 7)
+    assert (got.model, got.seed, got.iterations, got.out) == ("SFT", 3, 2, str(tmp_path / "sppo"))
+    dpo = compare_config(run, "dpo")
+    assert (dpo.loss, dpo.out, dpo.train.lr) == ("dpo", str(tmp_path / "sppo_dpo"), 1e-5)

@@ -53,11 +53,11 @@ def parse_overrides(items: list[str] | None, what: str = "override") -> dict[str
     return out
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -108,10 +108,10 @@ def load_config(
             raise TurnRLError(f"{where}: invalid YAML: {getattr(e, 'problem', e)}") from None
         if not isinstance(loaded, dict):
             raise TurnRLError(f"{p}: expected a mapping of keys to values at the top level")
-        data = _merge(data, loaded)
+        data = merge(data, loaded)
     extra = parse_overrides(overrides)
     if extra:
-        data = _merge(data, extra)
+        data = merge(data, extra)
         if path is None:
             source = "override"
     try:

@@ -64,6 +64,9 @@ class CompareConfig(Config):
     dmpo_gammas: list[float] = [0.1, 0.5, 0.9]
     loser_settings: list[Literal["clean", "noisy"]] = ["clean", "noisy"]
     truncate_ks: list[int] = [0]
+    sppo: dict[str, Any] = {}
+    """Methods ``sppo`` / ``sppo_dpo``: :class:`~turnrl.pipelines.sppo.SPPOConfig` keys over
+    the shared ``pipeline`` settings (e.g. ``train``, ``oracle``, ``select``, ``train_tasks``)."""
     dpo_from_eto: bool = True
     """The DPO baseline in ``pipeline.losers`` is ETO's first iteration (the same agent,
     exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
@@ -174,9 +177,11 @@ for _name, _fn in (("base", _base), ("sft", _sft), ("best_of_n", _best_of_n), ("
                    ("dmpo", _dmpo), ("loser_length", _loser_length)):
     register_method(_name, _fn)
 
+from turnrl.pipelines.sppo import check_compare_section  # noqa: E402
 from turnrl.pipelines.sppo import compare_method as _sppo  # noqa: E402  (SPPO iterations from the SFT agent)
 
 register_method("sppo", _sppo)
+register_method("sppo_dpo", lambda run: _sppo(run, "dpo"))
 
 
 # ----------------------------------------------------------------------------- the run
@@ -195,6 +200,8 @@ def _check(cfg: CompareConfig) -> None:
         if not 0 < g <= 1:
             raise TurnRLError(f"dmpo_gammas: gamma must be in (0, 1] (got {g})")
     cfg.pipeline.check()
+    if {"sppo", "sppo_dpo"} & set(cfg.methods):
+        check_compare_section(cfg.sppo)
 
 
 def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
@@ -286,19 +293,28 @@ def _row(rows: list[Record], method: str, split: str) -> Record | None:
     return next((r for r in rows if r["method"] == method and r["split"] == split), None)
 
 
+def _versus(r: Record, base: Record) -> str:
+    """``r`` against ``base``: above with non-overlapping CIs, or not separated."""
+    head = f"{r['avg_reward']:.3f} {_ci(r)} vs {base['avg_reward']:.3f} {_ci(base)} -> "
+    if min(r["seeds"], base["seeds"]) < 2:
+        return head + "one seed: no CI across seeds, no verdict"
+    if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
+        return head + "**above (CIs do not overlap)**"
+    return head + "not separated"
+
+
 def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
-    """The issue's claims, checked on the seen split."""
+    """The issues' claims, checked on the seen split: ETO, DMPO and SPPO (last iteration) vs
+    SFT; DMPO with the smallest gamma vs DPO with noisy losers; SPPO vs self-play DPO."""
     out = []
     sft = _row(rows, "sft", "seen")
     if sft is not None:
         for r in rows:
             if r["split"] != "seen" or r["method"] in ("sft", "base"):
                 continue
-            if r["method"] == "eto" or r["method"].startswith("dmpo-g") and "-k" not in r["method"]:
-                better = r["avg_reward"] > sft["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(sft["ci95"]))
-                out.append(f"- {r['method']} vs sft (seen): {r['avg_reward']:.3f} {_ci(r)} vs "
-                           f"{sft['avg_reward']:.3f} {_ci(sft)} -> "
-                           + ("**beats SFT (CIs do not overlap)**" if better else "not separated from SFT"))
+            if (r["method"] in ("eto", "sppo", "sppo_dpo")
+                    or r["method"].startswith("dmpo-g") and "-k" not in r["method"]):
+                out.append(f"- {r['method']} vs sft (seen): {_versus(r, sft)}")
     dpo = _row(rows, "eto" if cfg.dpo_from_eto and cfg.pipeline.losers == "noisy" else "dpo-noisy", "seen")
     if "noisy" in cfg.loser_settings and cfg.dmpo_gammas and dpo is not None:
         g = min(cfg.dmpo_gammas)
@@ -310,6 +326,9 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
                        + ("; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
+    sppo, sp_dpo = _row(rows, "sppo", "seen"), _row(rows, "sppo_dpo", "seen")
+    if sppo is not None and sp_dpo is not None:
+        out.append(f"- sppo vs sppo_dpo (seen, same samples and oracle): {_versus(sppo, sp_dpo)}")
     return out
 
 

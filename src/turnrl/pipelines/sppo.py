@@ -43,6 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from turnrl.config import format_validation_error, merge
 from turnrl.data.io import read_trajectories, write_jsonl
 from turnrl.data.pairs import self_play_pairs
 from turnrl.data.schema import Pair, Trajectory
@@ -228,23 +231,58 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
     return summary
 
 
-def compare_method(run: Any) -> list[dict[str, Any]]:
-    """``sppo`` in ``turnrl compare``: SPPO iterations from the seed's SFT agent, with the
-    comparison's env, prompt, eval, ``iterations``, ``expert_episodes`` (train tasks),
-    ``samples_per_task`` and ``sample_temperature`` settings; one record per iteration."""
+def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
+    """The SPPO settings of one ``turnrl compare`` seed: the comparison's env, prompt, eval and
+    seed; the SFT agent as start; ``iterations``, ``expert_episodes`` (train tasks),
+    ``samples_per_task`` and ``sample_temperature`` from ``pipeline``; then the compare
+    config's ``sppo`` section (any :class:`SPPOConfig` key, e.g. ``train``, ``oracle``,
+    ``select``, ``train_tasks``) on top. An unknown key there is a one-line error."""
     pipe = run.pipe
-    cfg = SPPOConfig(out=str(run.dir / "sppo"), env=pipe.env, env_opts=pipe.env_opts, instruction=pipe.instruction,
-                     history=pipe.history, model=run.sft, expert_episodes=pipe.expert_episodes,
-                     train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
-                     samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
-                     eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes, eval_seed=pipe.eval_seed,
-                     seed=pipe.seed, num_envs=pipe.num_envs, max_new_tokens=pipe.max_new_tokens).check()
+    shared: dict[str, Any] = dict(env=pipe.env, env_opts=pipe.env_opts, instruction=pipe.instruction,
+                                  history=pipe.history, model=run.sft, expert_episodes=pipe.expert_episodes,
+                                  train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
+                                  samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
+                                  eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes,
+                                  eval_seed=pipe.eval_seed, seed=pipe.seed, num_envs=pipe.num_envs,
+                                  max_new_tokens=pipe.max_new_tokens)
+    name = "sppo" if loss == "sppo" else f"sppo_{loss}"
+    data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
+    return _validate({**data, "out": str(run.dir / name), "loss": loss}).check()
+
+
+_SET_BY_COMPARE = ("out", "model", "env", "seed", "loss")
+
+
+def _validate(data: dict[str, Any]) -> SPPOConfig:
+    try:
+        return SPPOConfig.model_validate(data)
+    except ValidationError as e:
+        raise TurnRLError(format_validation_error(SPPOConfig, e, "compare config, section sppo")) from None
+
+
+def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
+    """The ``sppo`` section of a compare config: any :class:`SPPOConfig` key but those the
+    comparison sets (``out``, ``model``, ``env``, ``seed``, ``loss``); one line for a bad one."""
+    for key in _SET_BY_COMPARE:
+        if key in section:
+            raise TurnRLError(f"compare config, section sppo: '{key}' is set by the comparison")
+    _validate(merge(SPPOConfig().model_dump(), section))
+    return dict(section)
+
+
+def compare_method(run: Any, loss: str = "sppo") -> list[dict[str, Any]]:
+    """``sppo`` (and ``sppo_dpo``: the same samples budget and oracle, DPO on each task's
+    best-vs-worst sample) in ``turnrl compare``: iterations from the seed's SFT agent with
+    :func:`compare_config`'s settings; one record per iteration."""
+    cfg = compare_config(run, loss)
+    method = "sppo" if loss == "sppo" else f"sppo_{loss}"
     out: list[dict[str, Any]] = []
     current = run.sft
     for i in range(1, cfg.iterations + 1):
         current, results, stats = run_iteration(cfg, cfg.out, i, current, log=run.log)
-        out += [{**r, "method": "sppo", "iteration": i, "loss": "sppo", "eta": cfg.train.eta,
-                 "samples": stats.get("train_samples")} for r in results]
+        out += [{**r, "method": method, "iteration": i, "loss": loss,
+                 "eta": cfg.train.eta if loss == "sppo" else None, "samples": stats.get("train_samples")}
+                for r in results]
     return out
 
 
