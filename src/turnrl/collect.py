@@ -27,6 +27,23 @@ def make_env_factory(env_name: str, env_opts: dict[str, Any] | None = None) -> C
     return lambda: envs.make(env_name, **opts)
 
 
+WORKER_BACKENDS = ("process", "ray")
+
+
+def check_workers(workers: int, worker_backend: str = "process") -> None:
+    """Refuse a bad ``workers`` / ``worker_backend`` pair (and the ray backend without ray)."""
+    if workers < 0:
+        raise TurnRLError(f"workers must be >= 0 (got {workers})")
+    if worker_backend not in WORKER_BACKENDS:
+        raise TurnRLError(f"unknown worker backend '{worker_backend}'; choose from: {', '.join(WORKER_BACKENDS)}")
+    if worker_backend == "ray":
+        if workers < 1:
+            raise TurnRLError("the ray worker backend runs the envs in --workers N actors: give N >= 1")
+        from turnrl.envs.ray_workers import import_ray
+
+        import_ray()
+
+
 def run_policy(
     policy: Policy,
     env_name: str,
@@ -42,14 +59,20 @@ def run_policy(
     progress: Callable[[int], None] | None = None,
     workers: int = 0,
     specs: Sequence[EpisodeSpec] | None = None,
+    worker_backend: str = "process",
+    ray_address: str | None = None,
 ) -> list[Trajectory]:
     """Play ``episodes`` episodes; with ``out``, append each to it and skip those already there.
 
     ``workers`` > 0 runs the ``num_envs`` environments in that many worker processes (assigned
     round-robin) and steps them from threads (:mod:`turnrl.envs.workers`); the episodes are
-    the same as with ``workers=0`` (in-process envs), only the wall time differs. ``specs``
+    the same as with ``workers=0`` (in-process envs), only the wall time differs.
+    ``worker_backend="ray"`` puts them in ``workers`` Ray actors instead
+    (:mod:`turnrl.envs.ray_workers`; ``ray_address`` as for ``ray.init``: None starts a
+    local Ray or joins ``RAY_ADDRESS``, ``"auto"`` joins this machine's cluster). ``specs``
     plays these planned episodes instead of the split's first ``episodes`` (several samples of
     a task, expert-prefix replays); their indices must be distinct."""
+    check_workers(workers, worker_backend)
     factory = make_env_factory(env_name, env_opts)
     probe = factory()
     try:
@@ -68,14 +91,17 @@ def run_policy(
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
-    if workers < 0:
-        raise TurnRLError(f"workers must be >= 0 (got {workers})")
     sampler: Sampler
     if workers > 0:
         from turnrl.envs.workers import ThreadedSampler, worker_pool_factory
 
-        sampler = ThreadedSampler(worker_pool_factory(env_name, env_opts, workers=workers), policy,
-                                  env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
+        if worker_backend == "ray":
+            from turnrl.envs.ray_workers import ray_pool_factory
+
+            make_env = ray_pool_factory(env_name, env_opts, workers=workers, address=ray_address)
+        else:
+            make_env = worker_pool_factory(env_name, env_opts, workers=workers)
+        sampler = ThreadedSampler(make_env, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
     else:
         sampler = Sampler(factory, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
     try:

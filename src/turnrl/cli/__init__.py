@@ -128,6 +128,9 @@ def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | N
 
 EngineOpt = Annotated[str, typer.Option(help="Generation engine for model policies: hf or vllm (GPU).")]
 WorkersOpt = Annotated[int, typer.Option(help="Run the envs in this many worker processes (0: in-process).")]
+WorkerBackendOpt = Annotated[str, typer.Option(
+    help="Where --workers run: process (local processes) or ray (Ray actors; pip install 'turnrl[ray]'; "
+         "RAY_ADDRESS picks the cluster).")]
 
 
 @app.command()
@@ -145,16 +148,19 @@ def collect(
     env_opt: EnvOpt = None,
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
+    worker_backend: WorkerBackendOpt = "process",
 ) -> None:
     """Collect trajectories of a policy."""
-    from turnrl.collect import run_policy
+    from turnrl.collect import check_workers, run_policy
     from turnrl.evaluation import summarize
     from turnrl.progress import progress_bar
 
+    check_workers(workers, worker_backend)
     pol = _policy(policy, temperature, max_new_tokens, history, engine)
     with progress_bar(f"collect {env}/{split}", episodes) as advance:
         trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
-                           num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers)
+                           num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers,
+                           worker_backend=worker_backend)
     r = summarize(trajs, policy=policy, env=env, split=split)
     console.print(f"{len(trajs)} episodes in {out}: avg return {r['avg_reward']:.3f}, "
                   f"success {r['success_rate']:.2f}, invalid actions {r['invalid_action_rate']:.2f}")
@@ -176,21 +182,23 @@ def eval_cmd(
     trajectories: Annotated[Path | None, typer.Option(help="Also write the episodes here.")] = None,
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
+    worker_backend: WorkerBackendOpt = "process",
 ) -> None:
     """Evaluate a policy; write {"results": [...]} and print a table."""
-    from turnrl.collect import evaluate
+    from turnrl.collect import check_workers, evaluate
     from turnrl.data.io import write_jsonl
     from turnrl.evaluation import results_table
     from turnrl.progress import progress_bar
     from turnrl.train.core import atomic_write_json
 
+    check_workers(workers, worker_backend)
     pol = _policy(policy, temperature, max_new_tokens, history, engine)
     results, all_trajs = [], []
     for s in split or ["seen"]:
         with progress_bar(f"eval {env}/{s}", episodes) as advance:
             rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
                                   num_envs=num_envs, seed=seed, progress=advance, policy_label=policy,
-                                  workers=workers)
+                                  workers=workers, worker_backend=worker_backend)
         results.append(rec)
         all_trajs.extend(trajs)
     if trajectories is not None:
@@ -330,7 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=False)
     except TurnRLError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        # escaped: "pip install 'turnrl[ray]'" is text, not a rich style tag
+        err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)

@@ -21,6 +21,7 @@ Two pieces that compose with the lock-step :class:`~turnrl.rollout.sampler.Sampl
 :func:`worker_pool_factory` hosts many envs in a fixed number of shared worker processes
 (round-robin); ``run_policy(..., workers=N)`` and ``turnrl collect|eval --workers N`` use it
 with the threaded sampler, and give the episodes of in-process envs.
+:mod:`turnrl.envs.ray_workers` does the same with Ray actors (``--worker-backend ray``).
 
 Use them together for slow envs::
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing as mp
+import os
 import random
 import threading
 from collections import deque
@@ -68,39 +70,46 @@ def _snapshot(env: TextEnv) -> dict[str, Any]:
     return {"instruction": instruction, "max_turns": env.max_turns, "valid_actions": env.valid_actions()}
 
 
-def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
-           factory: Callable[..., TextEnv] | None) -> None:  # pragma: no cover - runs in the worker
-    """Host envs keyed by the proxies' ids; messages are ``(key, op, args)``."""
-    envs: dict[int, TextEnv] = {}
-    try:
-        if factory is None:
-            from turnrl import envs as _registry  # noqa: F401 - import once, before the first env
-        conn.send(("ok", None))
-    except Exception as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        return
-    while True:
+class _Host:
+    """The envs of one worker, keyed by the proxies' ids: runs in a worker process
+    (:func:`_serve`) or in a Ray actor (:mod:`turnrl.envs.ray_workers`).
+
+    Every call answers ``(status, payload)``: ``ok``; ``user_error`` (a
+    :class:`~turnrl.errors.TurnRLError`, shown as is); ``error`` or ``build_error`` (any
+    other exception, with its type).
+    """
+
+    def __init__(self, env_name: str | None, env_opts: dict[str, Any],
+                 factory: Callable[..., TextEnv] | None) -> None:
+        self.env_name, self.env_opts, self.factory = env_name, env_opts, factory
+        self.envs: dict[int, TextEnv] = {}
+
+    def start(self) -> tuple[str, Any]:
+        """Import the env registry once, before the first env; the payload is the pid."""
         try:
-            key, op, args = conn.recv()
-        except (EOFError, OSError):
-            break
+            if self.factory is None:
+                from turnrl import envs as _registry  # noqa: F401
+            return "ok", os.getpid()
+        except Exception as e:
+            return "error", f"{type(e).__name__}: {e}"
+
+    def handle(self, key: int, op: str, args: Any) -> tuple[str, Any]:
         try:
             if op == "new":
                 try:
-                    envs[key] = _build(env_name, env_opts, factory)
+                    self.envs[key] = _build(self.env_name, self.env_opts, self.factory)
                 except TurnRLError:
                     raise
                 except Exception as e:
-                    conn.send(("build_error", f"{type(e).__name__}: {e}"))
-                    continue
-                out: Any = _snapshot(envs[key])
+                    return "build_error", f"{type(e).__name__}: {e}"
+                out: Any = _snapshot(self.envs[key])
             elif op == "close":
-                env = envs.pop(key, None)
+                env = self.envs.pop(key, None)
                 if env is not None:
                     env.close()
-                out = len(envs)
+                out = len(self.envs)
             else:
-                env = envs[key]
+                env = self.envs[key]
                 if op == "reset":
                     out = (*env.reset(**args), _snapshot(env))
                 elif op == "step":
@@ -115,43 +124,138 @@ def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
                     out = getattr(env, args)
                 else:
                     raise ValueError(f"unknown operation {op!r}")
-            conn.send(("ok", out))
+            return "ok", out
         except TurnRLError as e:
-            conn.send(("user_error", str(e)))
+            return "user_error", str(e)
         except Exception as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-    for env in envs.values():
+            return "error", f"{type(e).__name__}: {e}"
+
+    def close_all(self) -> None:
+        for env in self.envs.values():
+            try:
+                env.close()
+            except Exception:
+                pass
+        self.envs.clear()
+
+
+def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
+           factory: Callable[..., TextEnv] | None) -> None:  # pragma: no cover - runs in the worker
+    """Host envs in a worker process; messages are ``(key, op, args)``."""
+    host = _Host(env_name, env_opts, factory)
+    started = host.start()
+    conn.send(started)
+    if started[0] != "ok":
+        return
+    while True:
         try:
-            env.close()
-        except Exception:
-            pass
+            key, op, args = conn.recv()
+        except (EOFError, OSError):
+            break
+        conn.send(host.handle(key, op, args))
+    host.close_all()
 
 
-class _Worker:
-    """One worker process hosting the envs of one or more :class:`ProcessEnv` proxies.
+class _WorkerBase:
+    """Where the envs of one or more :class:`ProcessEnv` proxies live (a process, a Ray actor).
 
     Calls are serialized by a lock (threads of a :class:`ThreadedSampler` may share a
-    worker). ``generation`` counts the processes started: a proxy whose env lived in an
-    earlier process has lost its episode.
+    worker). ``generation`` counts the workers started: a proxy whose env lived in an
+    earlier one has lost its episode. Subclasses start, reach and stop the worker; a worker
+    that dies or does not answer in time raises :class:`WorkerFailure` (and is stopped).
     """
 
     def __init__(self, env_name: str | None, env_opts: dict[str, Any], factory: Callable[..., TextEnv] | None,
-                 *, timeout: float, start_timeout: float, start_method: str) -> None:
+                 *, timeout: float, start_timeout: float) -> None:
         self.env_name, self.env_opts, self.factory = env_name, env_opts, factory
         self.timeout, self.start_timeout = timeout, start_timeout
-        self._ctx: Any = mp.get_context(start_method)
-        self.proc: Any = None
-        self.conn: Connection | None = None
         self.lock = threading.RLock()
         self.generation = 0
         self.restarts = 0
         self.users = 0
 
+    # -- the backend ---------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Started and, as far as is known, alive."""
+        raise NotImplementedError
+
+    def ensure(self) -> None:
+        """Start the worker unless it is ready (a fresh one bumps ``generation``)."""
+        raise NotImplementedError
+
+    def _request(self, proxy: ProcessEnv, op: str, args: Any, timeout: float) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    def lost(self, op: str) -> str:
+        """Why ``op`` cannot run mid-episode (the worker holding the episode is gone)."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def pid(self) -> int | None:
+        return None
+
+    # -- shared --------------------------------------------------------------------------
+
+    def call(self, proxy: ProcessEnv, op: str, args: Any, timeout: float | None = None) -> Any:
+        """Run ``op`` on ``proxy``'s env; builds it first in a fresh worker (not mid-episode)."""
+        with self.lock:
+            if op in ("step", "expert") and not (self.ready() and proxy._generation == self.generation):
+                # mid-episode: a fresh worker would not hold the episode, so this one fails
+                raise WorkerFailure(self.lost(op))
+            self.ensure()
+            if proxy._generation != self.generation:
+                proxy._generation = 0
+                status, payload = self._request(proxy, "new", None, self.start_timeout)
+                if status != "ok":
+                    raise TurnRLError(f"env worker could not build the env: {payload}")
+                proxy._update(payload)
+                proxy._generation = self.generation
+                if op == "new":
+                    return payload
+            status, payload = self._request(proxy, op, args, timeout or self.timeout)
+        if status == "user_error":
+            raise TurnRLError(payload)
+        if status in ("error", "build_error"):
+            raise TurnRLError(f"env worker: {op} raised {payload}")
+        return payload
+
+    def release(self, proxy: ProcessEnv) -> None:
+        """``proxy`` is done: close its env; the last user stops the worker."""
+        with self.lock:
+            self.users -= 1
+            if self.ready() and proxy._generation == self.generation:
+                try:
+                    self._request(proxy, "close", None, 10.0)
+                except WorkerFailure:
+                    pass
+            if self.users <= 0:
+                self.kill()
+
+
+class _Worker(_WorkerBase):
+    """One worker process hosting the envs of one or more :class:`ProcessEnv` proxies."""
+
+    def __init__(self, env_name: str | None, env_opts: dict[str, Any], factory: Callable[..., TextEnv] | None,
+                 *, timeout: float, start_timeout: float, start_method: str) -> None:
+        super().__init__(env_name, env_opts, factory, timeout=timeout, start_timeout=start_timeout)
+        self._ctx: Any = mp.get_context(start_method)
+        self.proc: Any = None
+        self.conn: Connection | None = None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
+    def ready(self) -> bool:
+        return self.alive() and self.conn is not None
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.alive() else None
+
     def ensure(self) -> None:
-        if self.alive() and self.conn is not None:
+        if self.ready():
             return
         if self.proc is not None:
             self.kill()
@@ -180,32 +284,11 @@ class _Worker:
             self.kill()
             raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
 
-    def call(self, proxy: ProcessEnv, op: str, args: Any, timeout: float | None = None) -> Any:
-        """Run ``op`` on ``proxy``'s env; builds it first in a fresh worker (not mid-episode)."""
-        with self.lock:
-            if op in ("step", "expert") and not (self.alive() and self.conn is not None
-                                                 and proxy._generation == self.generation):
-                # mid-episode: a fresh worker would not hold the episode, so this one fails
-                code = self.proc.exitcode if self.proc is not None else None
-                if not self.alive():
-                    self.kill()
-                raise WorkerFailure(f"the worker process died before {op} (exit code {code})")
-            self.ensure()
-            if proxy._generation != self.generation:
-                proxy._generation = 0
-                status, payload = self._request(proxy, "new", None, self.start_timeout)
-                if status != "ok":
-                    raise TurnRLError(f"env worker could not build the env: {payload}")
-                proxy._update(payload)
-                proxy._generation = self.generation
-                if op == "new":
-                    return payload
-            status, payload = self._request(proxy, op, args, timeout or self.timeout)
-        if status == "user_error":
-            raise TurnRLError(payload)
-        if status in ("error", "build_error"):
-            raise TurnRLError(f"env worker: {op} raised {payload}")
-        return payload
+    def lost(self, op: str) -> str:
+        code = self.proc.exitcode if self.proc is not None else None
+        if not self.alive():
+            self.kill()
+        return f"the worker process died before {op} (exit code {code})"
 
     def _request(self, proxy: ProcessEnv, op: str, args: Any, timeout: float) -> tuple[str, Any]:
         assert self.conn is not None
@@ -214,22 +297,7 @@ class _Worker:
         except (OSError, ConnectionError) as e:
             self.kill()
             raise WorkerFailure(f"the worker process died before {op}") from e
-        status, payload = self.receive(timeout, op)
-        if status == "user_error" and op == "new":
-            return "build_error", payload
-        return status, payload
-
-    def release(self, proxy: ProcessEnv) -> None:
-        """``proxy`` is done: close its env; the last user stops the process."""
-        with self.lock:
-            self.users -= 1
-            if self.alive() and self.conn is not None and proxy._generation == self.generation:
-                try:
-                    self._request(proxy, "close", None, 10.0)
-                except WorkerFailure:
-                    pass
-            if self.users <= 0:
-                self.kill()
+        return self.receive(timeout, op)
 
     def kill(self) -> None:
         if self.conn is not None:
@@ -245,12 +313,13 @@ class ProcessEnv(TextEnv):
     """A registered env (or ``factory(**env_opts)``) run in a worker process (see module doc).
 
     With ``worker`` (from :func:`worker_pool_factory`) the process is shared with other
-    proxies; otherwise the env has a process of its own.
+    proxies; otherwise the env has a process of its own. :class:`~turnrl.envs.ray_workers.RayEnv`
+    is this proxy with the envs in a Ray actor.
     """
 
     def __init__(self, env_name: str | None = None, env_opts: dict[str, Any] | None = None, *,
                  factory: Callable[..., TextEnv] | None = None, timeout: float = 600.0,
-                 start_timeout: float = 300.0, start_method: str = "spawn", worker: _Worker | None = None) -> None:
+                 start_timeout: float = 300.0, start_method: str = "spawn", worker: _WorkerBase | None = None) -> None:
         if worker is None and (env_name is None) == (factory is None):
             raise TurnRLError("ProcessEnv: give exactly one of env_name and factory")
         self.env_name = env_name if worker is None else worker.env_name
@@ -333,8 +402,8 @@ class ProcessEnv(TextEnv):
 
     @property
     def worker_pid(self) -> int | None:
-        w = self._worker
-        return w.proc.pid if w.proc is not None and w.alive() else None
+        """The pid of the worker process (for a Ray actor, on its node); None while none runs."""
+        return self._worker.pid()
 
     @property
     def restarts(self) -> int:
@@ -370,18 +439,24 @@ def worker_pool_factory(env_name: str, env_opts: dict[str, Any] | None = None, *
     dies or hangs takes the episodes of all its envs with it (each ends as ``env_error``);
     the next reset starts a fresh process.
     """
+    opts = dict(env_opts or {})
+    return _pool(workers, lambda: _Worker(env_name, opts, None, timeout=timeout, start_timeout=start_timeout,
+                                          start_method=start_method), ProcessEnv)
+
+
+def _pool(workers: int, new_worker: Callable[[], _WorkerBase],
+          proxy: Callable[..., ProcessEnv]) -> Callable[[], ProcessEnv]:
+    """A ``make_env`` whose proxies share ``workers`` workers (started by ``new_worker``), round-robin."""
     if workers < 1:
         raise TurnRLError(f"workers must be >= 1 (got {workers})")
-    opts = dict(env_opts or {})
-    pool: list[_Worker] = []
+    pool: list[_WorkerBase] = []
     counter = itertools.count()
 
     def make() -> ProcessEnv:
         k = next(counter) % workers
         if k == len(pool):
-            pool.append(_Worker(env_name, opts, None, timeout=timeout, start_timeout=start_timeout,
-                                start_method=start_method))
-        return ProcessEnv(worker=pool[k])
+            pool.append(new_worker())
+        return proxy(worker=pool[k])
 
     return make
 
