@@ -137,6 +137,16 @@ def test_dpo_hand_value() -> None:
     assert m["accuracy"].item() == 1.0
 
 
+def test_chosen_nll_hand_value_and_checks() -> None:
+    from turnrl.losses import chosen_nll
+
+    # log-probs -6 over 3 tokens -> 2; -1 over 4 tokens -> 0.25
+    got = chosen_nll(torch.tensor([-6.0, -1.0]), torch.tensor([3, 4]))
+    assert got.tolist() == pytest.approx([2.0, 0.25])
+    with pytest.raises(ValueError, match="chosen_tokens"):
+        chosen_nll(torch.tensor([-1.0]), torch.tensor([0]))
+
+
 def test_dpo_label_smoothing_hand_value() -> None:
     # eps = 0.2, x = beta h = 0.3:
     # L = 0.8 log(1+e^-x) + 0.2 log(1+e^x);  log(1+e^x) = x + log(1+e^-x)

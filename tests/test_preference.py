@@ -210,6 +210,32 @@ def test_training_raises_heldout_preference_accuracy(loss: str, ttt_pairs, tiny_
     assert calls == []
 
 
+def test_sft_weight_adds_alpha_times_chosen_token_nll(ttt_pairs, tiny_dir: Path) -> None:
+    """RPO's term: the objective with sft_weight alpha is the DPO/DMPO loss plus alpha x the
+    chosen side's log-prob over its agent-turn tokens, computed here independently."""
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train import preference
+
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_model(str(tiny_dir))
+    for loss, history in (("dpo", 0), ("dmpo", None)):  # per-turn views and whole trajectories
+        base = preference.PreferenceConfig(loss=loss, history=history)
+        units = preference.load_units(ttt_pairs[0], ChatFormat(tok), base)[0][:3]
+        refs = [torch.zeros(len(u.num_turns), max(u.num_turns)) for u in units]
+        preference.attach_reference(units, refs)
+        with torch.no_grad():
+            plain, _ = preference.PreferenceObjective(base, tok.pad_token_id).losses(model, units)
+            cfg = base.model_copy(update={"sft_weight": 0.5})
+            with_nll, metrics = preference.PreferenceObjective(cfg, tok.pad_token_id).losses(model, units)
+            logps = preference.unit_turn_logps(model, units, base, tok.pad_token_id)
+        tokens = [sum(sum(e.action_mask) for e, s in zip(u.seqs, u.sides or [0, 1], strict=True) if s == 0)
+                  for u in units]
+        nll = torch.tensor([-float(lp[0].sum()) / n for lp, n in zip(logps, tokens, strict=True)])
+        assert metrics["chosen_nll"].tolist() == pytest.approx(nll.tolist(), rel=1e-5)
+        assert with_nll.tolist() == pytest.approx((plain + 0.5 * nll).tolist(), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_sppo_trains_on_scored_samples(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
     from turnrl.train import preference

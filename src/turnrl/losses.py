@@ -270,6 +270,29 @@ def dpo_loss(
     return losses, preference_metrics(chosen, rejected, beta)
 
 
+def chosen_nll(policy_chosen_logps: Tensor, chosen_tokens: Tensor) -> Tensor:
+    r"""Per-token negative log-likelihood of the chosen side (RPO's added term).
+
+    .. math::  L_{\text{NLL}} = -\frac{\log\pi_\theta(\tau_w)}{|\tau_w|}
+
+    with :math:`\log\pi_\theta(\tau_w)` the trajectory log-prob (the sum over its agent-turn
+    tokens) and :math:`|\tau_w|` its number of agent-turn tokens. Added as
+    :math:`L = L_{pref} + \alpha L_{\text{NLL}}` (``PreferenceConfig.sft_weight`` = alpha;
+    Pang et al. 2024, "Iterative Reasoning Preference Optimization"): it keeps the chosen
+    side's likelihood from falling while the margin grows, DPO's known failure on small data.
+
+    Example: log-prob ``-6`` over ``3`` tokens: :math:`L=2`.
+
+    Args:
+        policy_chosen_logps: ``[B]`` trajectory log-probs of the chosen side.
+        chosen_tokens: ``[B]`` its agent-turn token counts (>= 1).
+    """
+    _same_shape("policy_chosen_logps", policy_chosen_logps, "chosen_tokens", chosen_tokens)
+    if bool((chosen_tokens < 1).any()):
+        raise ValueError("chosen_tokens must be >= 1")
+    return -policy_chosen_logps / chosen_tokens.to(policy_chosen_logps.dtype)
+
+
 def ipo_loss(
     policy_chosen_logps: Tensor,
     policy_rejected_logps: Tensor,

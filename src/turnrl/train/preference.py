@@ -41,7 +41,7 @@ import torch
 from turnrl.data.io import read_pairs, read_trajectories
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
-from turnrl.losses import dmpo_loss, dpo_loss, ipo_loss, sppo_loss, turn_logps
+from turnrl.losses import chosen_nll, dmpo_loss, dpo_loss, ipo_loss, sppo_loss, turn_logps
 from turnrl.tokenization import ChatFormat, Encoded
 from turnrl.train.core import TrainConfig, Trainer, TrainResult, _make_accelerator
 from turnrl.train.forward import pack, pack_shared, token_logps
@@ -61,6 +61,8 @@ class PreferenceConfig(TrainConfig):
     """DPO / IPO / DMPO temperature."""
     label_smoothing: float = 0.0
     """Conservative DPO: the share of labels assumed flipped (DPO only)."""
+    sft_weight: float = 0.0
+    """alpha of an added per-token NLL of the chosen side (RPO; DPO, IPO, DMPO). 0 = the papers."""
     gamma: float = 0.7
     """DMPO's discount (the authors' code default)."""
     eta: float = 1.0
@@ -218,6 +220,12 @@ def unit_turn_logps(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, pa
     return out
 
 
+def _side_tokens(unit: Unit, side: int) -> int:
+    """Agent-turn tokens of one side of ``unit`` (over its per-turn views, if any)."""
+    sides = unit.sides if unit.sides is not None else list(range(len(unit.seqs)))
+    return max(1, sum(sum(e.action_mask) for e, s in zip(unit.seqs, sides, strict=True) if s == side))
+
+
 def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
@@ -263,11 +271,16 @@ class PreferenceObjective:
         if cfg.loss == "dmpo":
             nc = torch.tensor([u.num_turns[0] for u in examples], device=dev)
             nr = torch.tensor([u.num_turns[1] for u in examples], device=dev)
-            return dmpo_loss(pc, pr, rc, rr, nc, nr, beta=cfg.beta, gamma=cfg.gamma)
-        if cfg.loss == "ipo":
-            return ipo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), beta=cfg.beta)
-        return dpo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), beta=cfg.beta,
-                        label_smoothing=cfg.label_smoothing)
+            out = dmpo_loss(pc, pr, rc, rr, nc, nr, beta=cfg.beta, gamma=cfg.gamma)
+        elif cfg.loss == "ipo":
+            out = ipo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), beta=cfg.beta)
+        else:
+            out = dpo_loss(pc.sum(-1), pr.sum(-1), rc.sum(-1), rr.sum(-1), beta=cfg.beta,
+                           label_smoothing=cfg.label_smoothing)
+        if cfg.sft_weight == 0:
+            return out
+        nll = chosen_nll(pc.sum(-1), torch.tensor([_side_tokens(u, 0) for u in examples], device=dev))
+        return out[0] + cfg.sft_weight * nll, {**out[1], "chosen_nll": nll.detach()}
 
 
 # ------------------------------------------------------------------ reference cache
@@ -386,6 +399,10 @@ def train_preference(
         raise TurnRLError(f"unknown loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
     if not cfg.beta > 0 or not math.isfinite(cfg.beta):
         raise TurnRLError(f"beta must be a positive number (got {cfg.beta})")
+    if cfg.sft_weight < 0:
+        raise TurnRLError(f"sft_weight must be >= 0 (got {cfg.sft_weight})")
+    if cfg.sft_weight > 0 and cfg.loss == "sppo":
+        raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
     if not 0 <= cfg.label_smoothing < 0.5:
         raise TurnRLError(f"label_smoothing must be in [0, 0.5) (got {cfg.label_smoothing})")
     if not 0 < cfg.gamma <= 1:
