@@ -325,7 +325,8 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
-                       + ("; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
+                       + ("; one seed: no CI" if min(dm["seeds"], dpo["seeds"]) < 2
+                          else "; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
     sppo, sp_dpo = _row(rows, "sppo", "seen"), _row(rows, "sppo_dpo", "seen")
     if sppo is not None and sp_dpo is not None:
         out.append(f"- sppo vs sppo_dpo (seen, same samples and oracle): {_versus(sppo, sp_dpo)}")
