@@ -141,6 +141,10 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert "no verdict" in verdicts(CompareConfig(methods=["sft", "eto"]), one)[0]
     recs += [_rec("sppo", s, "seen", r, iteration=3) for s, r in enumerate([0.3, 0.1, 0.2])]
     recs += [_rec("sppo_dpo", s, "seen", r, iteration=3) for s, r in enumerate([0.2, 0.2, 0.2])]
+    it = iteration_rows(recs)
+    assert [(r["method"], r["iteration"]) for r in it] == [("eto", 0), ("eto", 1), ("eto", 2), ("sppo", 0),
+                                                           ("sppo", 3), ("sppo_dpo", 0), ("sppo_dpo", 3)]
+    assert it[3]["avg_reward"] == pytest.approx(0.15) and it[4]["avg_reward"] == pytest.approx(0.2)
     v = verdicts(CompareConfig(methods=["sft", "eto", "sppo", "sppo_dpo"]), aggregate(recs))
     assert any(line.startswith("- sppo vs sft") and "not separated" in line for line in v)
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)

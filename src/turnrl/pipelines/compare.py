@@ -341,18 +341,25 @@ def _ci(r: Record) -> str:
     return f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
 
 
+ITERATIVE = ("eto", "sppo", "sppo_dpo")
+
+
 def iteration_rows(records: list[Record]) -> list[Record]:
-    """ETO's reward by iteration (0 = SFT) per split, mean and 95% CI over seeds."""
-    groups: dict[tuple[int, str], list[float]] = {}
+    """Reward by iteration (0 = SFT) of each iterative method present (ETO, SPPO, self-play
+    DPO) per split: mean and 95% CI over seeds."""
+    present = [m for m in ITERATIVE if any(r["method"] == m for r in records)]
+    groups: dict[tuple[str, int, str], list[float]] = {}
     for r in records:
-        if r["method"] == "sft":
-            groups.setdefault((0, r["split"]), []).append(r["avg_reward"])
-        elif r["method"] == "eto":
-            groups.setdefault((int(r["iteration"]), r["split"]), []).append(r["avg_reward"])
+        for m in present:
+            if r["method"] == "sft":
+                groups.setdefault((m, 0, r["split"]), []).append(r["avg_reward"])
+            elif r["method"] == m:
+                groups.setdefault((m, int(r["iteration"]), r["split"]), []).append(r["avg_reward"])
     out = []
-    for (i, split), xs in sorted(groups.items()):
+    for (method, i, split), xs in sorted(groups.items(), key=lambda kv: (ITERATIVE.index(kv[0][0]), kv[0][1:])):
         m, ci = mean_ci95(xs)
-        out.append({"iteration": i, "split": split, "avg_reward": m, "ci95": list(ci), "seeds": len(xs)})
+        out.append({"method": method, "iteration": i, "split": split, "avg_reward": m, "ci95": list(ci),
+                    "seeds": len(xs)})
     return out
 
 
@@ -373,9 +380,9 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str
                      f"{r['invalid_action_rate']:.3f} | {lt} |")
     it = iteration_rows(records)
     if it:
-        lines += ["", "ETO (DPO) by iteration (0 = SFT):", "", "| iteration | split | avg reward | 95% CI |",
-                  "|---:|---|---:|---|"]
-        lines += [f"| {r['iteration']} | {r['split']} | {r['avg_reward']:.3f} | {_ci(r)} |" for r in it]
+        lines += ["", "Reward by iteration (0 = SFT):", "", "| method | iteration | split | avg reward | 95% CI |",
+                  "|---|---:|---|---:|---|"]
+        lines += [f"| {r['method']} | {r['iteration']} | {r['split']} | {r['avg_reward']:.3f} | {_ci(r)} |" for r in it]
     v = verdicts(cfg, _with_iter1(rows, records))
     if v:
         lines += ["", "Claims (seen split):", ""] + v
@@ -422,12 +429,12 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
 
     it = iteration_rows(records)
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for split in dict.fromkeys(r["split"] for r in it):
-        pts = [r for r in it if r["split"] == split]
-        ax.errorbar([r["iteration"] for r in pts], [r["avg_reward"] for r in pts], capsize=3, marker="o",
+    for k, (method, split) in enumerate(dict.fromkeys((r["method"], r["split"]) for r in it)):
+        pts = [r for r in it if (r["method"], r["split"]) == (method, split)]
+        ax.errorbar([r["iteration"] + 0.06 * k for r in pts], [r["avg_reward"] for r in pts], capsize=3, marker="o",
                     yerr=[[r["avg_reward"] - r["ci95"][0] for r in pts], [r["ci95"][1] - r["avg_reward"] for r in pts]],
-                    label=split)
-    finish(fig, ax, out / "reward_by_iteration.png", "ETO iteration (0 = SFT)", "ETO (DPO) reward by iteration")
+                    label=f"{method} ({split})")
+    finish(fig, ax, out / "reward_by_iteration.png", "iteration (0 = SFT)", "reward by iteration")
 
     seen = {r["method"]: r for r in _with_iter1(rows, records) if r["split"] == "seen"}
 
