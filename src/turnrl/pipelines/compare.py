@@ -357,8 +357,8 @@ def iteration_rows(records: list[Record]) -> list[Record]:
                 groups.setdefault((m, int(r["iteration"]), r["split"]), []).append(r["avg_reward"])
     out = []
     for (method, i, split), xs in sorted(groups.items(), key=lambda kv: (ITERATIVE.index(kv[0][0]), kv[0][1:])):
-        m, ci = mean_ci95(xs)
-        out.append({"method": method, "iteration": i, "split": split, "avg_reward": m, "ci95": list(ci),
+        mean, ci = mean_ci95(xs)
+        out.append({"method": method, "iteration": i, "split": split, "avg_reward": mean, "ci95": list(ci),
                     "seeds": len(xs)})
     return out
 
