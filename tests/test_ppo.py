@@ -223,3 +223,22 @@ def test_study_refuses_a_thinking_budget_below_its_replies(tiny_dir: Path, tmp_p
     assert 3 < longest <= 64
     with pytest.raises(TurnRLError, match="thinking budget"):
         check_budget(data, longest - 1, model=str(tiny_dir))
+
+
+def test_study_paired_difference_and_common_eval_instances(tmp_path: Path) -> None:
+    """Every bandit row is evaluated on the same instances (one evaluation for a one-model row,
+    one per seed for a trained row); the paired difference is per instance."""
+    from turnrl.greedy_study import FAST, paired_vs_start, plan_bandit
+
+    plan = plan_bandit(tmp_path, 3, FAST)
+    ids = {label: [t[2][3] for t in tasks] for label, tasks in plan["evals"].items()}
+    assert len(ids["greedy-like SFT"]) == 1 and len(ids["untrained"]) == 1
+    assert len(ids["RLFT"]) == 3 and len(ids["RLFT + bonus"]) == 3
+    first = ids["greedy-like SFT"][0]
+    assert len(first) == FAST["instances"]
+    assert all(i == first for rows in ids.values() for i in rows)
+
+    res = paired_vs_start({"greedy-like SFT": [[10.0, 20.0]], "RLFT": [[8.0, 16.0], [10.0, 18.0], [9.0, 17.0]]})
+    assert res["RLFT"]["diff_seeds"]["mean"] == -2.0  # per seed -3, -1, -2
+    assert res["RLFT"]["diff_seeds"]["n"] == 3 and res["RLFT"]["diff_pooled"]["n"] == 6
+    assert "RLFT + bonus" not in res

@@ -1,29 +1,33 @@
 """The greedy-agents study on the tiny model (seed 004; ``turnrl study greedy``).
 
-Rows, on a 10-arm Gaussian bandit (medium noise, sigma 1; horizon 20 in :data:`FULL`, the
-issue asks for 50 -- see docs/rlft.md for why) and on tic-tac-toe:
+Rows, on a 10-arm Gaussian bandit (medium noise, sigma 1; horizon 50, regret and coverage
+at step 50) and on tic-tac-toe:
 
 * **untrained** tiny model;
-* **greedy-like SFT**: SFT on the scripted ``greedy`` policy's episodes with short
-  rationales (the paper starts RLFT from pretrained LLMs that are greedy; this is the
-  stand-in). On tic-tac-toe: SFT on random-move games (a legal but aimless player);
-* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (upper reference);
+* **greedy-like SFT**: SFT on a scripted ``epsilon-greedy`` policy's episodes (``greedy_policy``,
+  eps 0.3) with one-word rationales. The paper starts RLFT from pretrained LLMs that are
+  greedy; this is the stand-in: with greedy decoding it commits to its first arm (coverage
+  0.1), while sampling at temperature 1 still explores, so RLFT has something to reinforce.
+  On tic-tac-toe: SFT on random-move games (an aimless player);
+* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows);
 * **RLFT**: PPO (:mod:`turnrl.train.ppo`) from the greedy-like SFT, ``seeds`` seeds (on
   tic-tac-toe from the random-move SFT, against the random opponent);
 * **RLFT + bonus**: the same with the exploration bonus (+1 for an untried action).
 
 Each stage writes its output under ``--out`` and is skipped when that output exists, so a
-killed study resumes. Bandit evaluation: greedy decoding (temperature 0) on ``instances``
-seen tasks per seed; seed ``s`` evaluates on its own block of instances (``s*N`` ..), so
-the SFT rows (one model each) get ``seeds`` evaluations too and every row's CI is over the
-same ``seeds`` units. Per seed we record the mean final regret and coverage; the 95% CI is
-Student-t over the seeds; the pooled CI over all instances is reported too.
+killed study resumes; the stages of the issue's claims run first, the reference rows after
+them. Bandit evaluation: greedy decoding (temperature 0) on the same ``instances`` seen tasks
+for every row: a one-model row (untrained, SFT) has one evaluation, a trained row one per
+seed; the 95% CI is Student-t over the seeds (a point for a one-model row), the pooled CI
+over seeds x instances is reported too, and so is the paired per-instance difference of
+each RLFT row and its starting policy.
 
-Compute choices for the tiny model on a CPU (all in :data:`FULL`): a short instruction
-(``instruction``) instead of the env's 170-token one, C = 3 history steps, one-word
-rationales ("Stay." / "Untried.", a reply of 10-11 tokens with this tokenizer) and thinking
-budget G = 16 tokens, training on 6 random turns of each episode. The measured run and its
-outcome are in docs/rlft.md.
+Compute choices for the tiny model on a shared 2-core CPU (all in :data:`FULL`): a short
+instruction (``instruction``) instead of the env's 170-token one, C = 3 history steps,
+one-word rationales ("Stay." / "Untried.", a reply of 10-11 tokens with this tokenizer)
+and thinking budget G = 16 tokens; PPO rollouts of ``ppo_horizon`` = 20 steps (the policy
+sees only the last 3 steps, and evaluation is at 50) of which 4 random turns train, and
+Monte-Carlo advantages on tic-tac-toe. The measured run and its outcome are in docs/rlft.md.
 """
 
 from __future__ import annotations
@@ -52,18 +56,21 @@ TTT_INSTRUCTION = (
 )
 
 FULL: dict[str, Any] = {
-    "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 20, "context": 3},
-    "sft_episodes": 80, "sft_steps": 40, "sft_lr": 3e-3, "sft_batch": 16,
-    "ppo": {"iterations": 4, "episodes_per_iter": 8, "turns_per_episode": 6, "ppo_epochs": 2, "minibatches": 2,
-            "batch_size": 2, "lr": 1e-3, "max_new_tokens": 16, "gamma": 0.8, "beta_kl": 0.05, "warmup_ratio": 0.1},
-    "instances": 24,
-    "ttt_sft_episodes": 120, "ttt_sft_steps": 40,
-    "ttt_ppo": {"iterations": 4, "episodes_per_iter": 8, "ppo_epochs": 2, "minibatches": 2, "batch_size": 2,
-                "lr": 1e-3, "max_new_tokens": 40, "gamma": 1.0, "beta_kl": 0.05, "warmup_ratio": 0.1},
-    "ttt_games": 24,
+    "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 50, "context": 3},
+    "greedy_policy": "epsilon-greedy:eps=0.3", "ppo_horizon": 20,
+    "sft_episodes": 80, "sft_steps": 60, "sft_lr": 3e-3, "sft_batch": 16,
+    "ppo": {"iterations": 4, "episodes_per_iter": 8, "turns_per_episode": 4, "ppo_epochs": 2, "minibatches": 1,
+            "batch_size": 8, "lr": 2e-3, "max_new_tokens": 16, "gamma": 0.95, "beta_kl": 0.02, "warmup_ratio": 0.1},
+    "instances": 50,
+    "ttt_sft_episodes": 120, "ttt_sft_steps": 80,
+    "ttt_ppo": {"iterations": 4, "episodes_per_iter": 16, "ppo_epochs": 2, "minibatches": 2, "batch_size": 8,
+                "lr": 1e-3, "max_new_tokens": 40, "gamma": 1.0, "beta_kl": 0.02, "warmup_ratio": 0.1,
+                "advantage": "mc"},
+    "ttt_games": 32,
 }
 FAST: dict[str, Any] = {
     "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 6, "context": 3},
+    "greedy_policy": "epsilon-greedy:eps=0.3", "ppo_horizon": 4,
     "sft_episodes": 16, "sft_steps": 4, "sft_lr": 3e-3, "sft_batch": 8,
     "ppo": {"iterations": 1, "episodes_per_iter": 4, "turns_per_episode": 2, "ppo_epochs": 1, "minibatches": 1,
             "batch_size": 2, "lr": 5e-4, "max_new_tokens": 16, "gamma": 0.8, "beta_kl": 0.05},
@@ -330,20 +337,24 @@ def plan_bandit(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
     for s in range(seeds):
         for label, bonus, tag in (("RLFT", 0.0, "rlft"), ("RLFT + bonus", 1.0, "rlft-bonus")):
             settings = {**cfg["ppo"], "seed": s, "exploration_bonus": bonus, "instruction": BANDIT_INSTRUCTION,
-                        "env_opts": env_opts}
+                        "env_opts": {**env_opts, "horizon": cfg.get("ppo_horizon", env_opts["horizon"])}}
             rl.append((f"bandit {label} seed {s}", _ppo, (out / "sft-greedy" / "model", "bandit",
                                                           out / f"{tag}-s{s}", settings)))
+    # every row is evaluated on the same ``instances`` seen tasks; a row of one model (the
+    # untrained and SFT rows) has one evaluation, a trained row one per seed
     evals = {label: [(f"bandit eval {label} seed {s}", _eval_bandit_job,
-                      (str(out / "eval" / f"bandit-{_key(label)}-s{s}.json"), m, env_opts,
-                       list(ids[s * n:(s + 1) * n]), cfg["ppo"]["max_new_tokens"]))
-                     for s, m in enumerate(ms)] for label, ms in models.items()}
-    return {"sft": sft, "rl": rl, "evals": evals}
+                      (str(out / "eval" / f"bandit-{_key(label)}-s{s}.json"), m, env_opts, list(ids[:n]),
+                       cfg["ppo"]["max_new_tokens"]))
+                     for s, m in enumerate(ms[:1] if len(set(ms)) == 1 else ms)] for label, ms in models.items()}
+    return {"sft": sft[:1], "rl": rl, "evals": evals, "ref_sft": sft[1:],
+            "main": ("greedy-like SFT", "RLFT", "RLFT + bonus"), "order": 0}
 
 
 def collect_bandit(out: Path, cfg: dict[str, Any]) -> None:
     env_opts = dict(cfg["bandit_env"])
     (out / "data").mkdir(parents=True, exist_ok=True)
-    _collect(CompactBanditPolicy("greedy"), "bandit", env_opts, BANDIT_INSTRUCTION, out / "data" / "greedy.jsonl",
+    _collect(CompactBanditPolicy(cfg["greedy_policy"]), "bandit", env_opts, BANDIT_INSTRUCTION,
+             out / "data" / "greedy.jsonl",
              cfg["sft_episodes"])
     _collect(CompactBanditPolicy("ucb"), "bandit", env_opts, BANDIT_INSTRUCTION, out / "data" / "ucb.jsonl",
              cfg["sft_episodes"])
@@ -355,7 +366,12 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
     result: dict[str, Any] = {"rows": {}, "env": cfg["bandit_env"], "instances_per_seed": cfg["instances"],
                               "seeds": seeds}
     curves = []
-    for label, tasks in evals.items():
+    per_instance: dict[str, list[list[float]]] = {}
+    for label, all_tasks in evals.items():
+        tasks = [t for t in all_tasks if Path(t[2][0]).exists()]
+        if not tasks:
+            result.setdefault("not_run", []).append(label)
+            continue
         per_seed = [json.loads(Path(t[2][0]).read_text()) for t in tasks]
         regrets = [float(np.mean(p["final_regret"])) for p in per_seed]
         covs = [float(np.mean(p["final_coverage"])) for p in per_seed]
@@ -368,10 +384,28 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
             "coverage_pooled": _ci(pooled_c), "regret_per_seed": regrets, "coverage_per_seed": covs,
             "actions_pct": acts, "invalid": round(float(np.mean([p["invalid"] for p in per_seed])), 4),
         }
+        per_instance[label] = [p["final_regret"] for p in per_seed]
         curves.append({"policy": label, "regret": _mean_curve([p["regret"] for p in per_seed]),
                        "coverage": _mean_curve([p["coverage"] for p in per_seed])})
     result["curves"] = curves
+    result["paired"] = paired_vs_start(per_instance)
     return result
+
+
+def paired_vs_start(per_instance: dict[str, list[list[float]]], start: str = "greedy-like SFT") -> dict[str, Any]:
+    """Regret@H of each trained row minus that of its starting policy on the same instances:
+    per seed the mean difference (95% CI over seeds), and pooled over seeds x instances."""
+    if start not in per_instance:
+        return {}
+    base = np.array(per_instance[start][0])
+    out: dict[str, Any] = {}
+    for label in ("RLFT", "RLFT + bonus"):
+        if label not in per_instance:
+            continue
+        diffs = [np.array(r) - base for r in per_instance[label]]
+        out[label] = {"diff_seeds": _ci([float(d.mean()) for d in diffs]),
+                      "diff_pooled": _ci([float(x) for d in diffs for x in d])}
+    return out
 
 
 def _mean_curve(curves: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -417,13 +451,17 @@ def plan_ttt(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
     evals = {label: [(f"tictactoe eval {label} vs {opp} seed {s}", _eval_ttt_job,
                       (str(out / "eval" / f"ttt-{_key(label)}-{opp}-s{s}.json"), m, opp, cfg["ttt_games"], g, 1000 + s))
                      for opp in ("random", "minimax") for s, m in enumerate(ms)] for label, ms in models.items()}
-    return {"sft": sft, "rl": rl, "evals": evals}
+    return {"sft": sft[:1], "rl": rl, "evals": evals, "ref_sft": sft[1:], "main": ("random-move SFT", "RLFT"),
+            "order": 1}
 
 
 def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {"rows": {}, "games_per_seed": cfg["ttt_games"], "seeds": seeds}
     for label, tasks in evals.items():
         rec: dict[str, Any] = {}
+        if not all(Path(t[2][0]).exists() for t in tasks):
+            result.setdefault("not_run", []).append(label)
+            continue
         for opp in ("random", "minimax"):
             per = [json.loads(Path(t[2][0]).read_text()) for t in tasks if t[2][2] == opp]
             rec[opp] = {"return_seeds": _ci([p["mean"] for p in per]),
@@ -435,12 +473,15 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
 
 
 def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str | Path | None = None,
-              parts: Sequence[str] = ("bandit", "tictactoe"), jobs: int = 1,
+              parts: Sequence[str] = ("bandit", "tictactoe"), jobs: int = 1, report_only: bool = False,
               log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the study; write ``results.json``, tables and PNGs to ``out``.
 
     Stages (data, SFT, RLFT, evaluations) skip their finished outputs; ``jobs`` > 1 runs
-    independent stages in that many worker processes (one thread each)."""
+    independent stages in that many worker processes (one thread each). The stages of the
+    issue's claims (the starting SFT, RLFT, their evaluations) run first, the reference rows
+    (untrained, UCB / minimax SFT) after them. ``report_only`` runs nothing and reports the
+    rows whose evaluations exist (the others are listed under ``not_run``)."""
     if seeds < 1:
         raise TurnRLError(f"--seeds must be >= 1 (got {seeds})")
     if jobs < 1:
@@ -459,12 +500,15 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
         say("tictactoe: collecting random-move and minimax games")
         collect_ttt(out, cfg)
         plans["tictactoe"] = plan_ttt(out, seeds, cfg)
-    pool = _Pool(jobs, say)
+    pool = _Pool(1 if report_only else jobs, say)
     try:
-        pool.run([t for p in plans.values() for t in p["sft"]])
-        # RLFT runs first, then every evaluation (the SFT rows' evaluations fill the pool's gaps)
-        pool.run([t for p in plans.values() for t in p["rl"]]
-                 + [t for p in plans.values() for ts in p["evals"].values() for t in ts])
+        if not report_only:
+            # per part (bandit first): the starting SFT, RLFT, the evaluations of the claim rows
+            for p in sorted(plans.values(), key=lambda p: p["order"]):
+                pool.run(p["sft"])
+                pool.run(p["rl"] + [t for lab, ts in p["evals"].items() if lab in p["main"] for t in ts])
+            pool.run([t for p in plans.values() for t in p["ref_sft"]])
+            pool.run([t for p in plans.values() for lab, ts in p["evals"].items() if lab not in p["main"] for t in ts])
     finally:
         pool.close()
     result: dict[str, Any] = {"schema": "turnrl.greedy_study/v1", "config": cfg, "fast": fast, "seeds": seeds}
@@ -490,10 +534,11 @@ def report(result: dict[str, Any], where: Path) -> None:
     lines = []
     b = result.get("bandit")
     if b:
-        title = f"10-arm Gaussian bandit, sigma 1, {b['seeds']} seeds x {b['instances_per_seed']} instances"
+        h = b["env"]["horizon"]
+        title = f"10-arm Gaussian bandit, sigma 1, {b['instances_per_seed']} instances, {b['seeds']} RLFT seeds"
         plots.plot_regret(b["curves"], where / "rlft-bandit-regret.png", title=title)
         plots.plot_coverage(b["curves"], where / "rlft-bandit-coverage.png", title=title)
-        lines += ["| row | regret@50 (seeds) | 95% CI | coverage@50 | 95% CI | regret pooled CI | "
+        lines += [f"| row | regret@{h} (seeds) | 95% CI | coverage@{h} | 95% CI | regret pooled CI | "
                   "optimal/greedy/other % | invalid |", "|---|---:|---|---:|---|---|---|---:|"]
         for label, r in b["rows"].items():
             rs, cs, rp = r["regret_seeds"], r["coverage_seeds"], r["regret_pooled"]
@@ -503,8 +548,14 @@ def report(result: dict[str, Any], where: Path) -> None:
                          f"[{rp['ci95'][0]:.2f}, {rp['ci95'][1]:.2f}] | {a['optimal']}/{a['greedy']}/{a['other']} | "
                          f"{r['invalid']:.2f} |")
         lines.append("")
+        for label, d in b.get("paired", {}).items():
+            ds, dp = d["diff_seeds"], d["diff_pooled"]
+            lines.append(f"* {label} minus greedy-like SFT, regret@{h} on the same instances: {ds['mean']:.2f} "
+                         f"(95% CI over seeds [{ds['ci95'][0]:.2f}, {ds['ci95'][1]:.2f}]; pooled over seeds x "
+                         f"instances [{dp['ci95'][0]:.2f}, {dp['ci95'][1]:.2f}])")
+        lines.append("")
     t = result.get("tictactoe")
-    if t:
+    if t and t["rows"]:
         lines += ["| row | return vs random (seeds) | 95% CI | win | return vs minimax | 95% CI | invalid |",
                   "|---|---:|---|---:|---:|---|---:|"]
         for label, r in t["rows"].items():

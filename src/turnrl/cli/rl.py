@@ -54,6 +54,7 @@ def study_greedy_cmd(
     docs: Annotated[Path | None, typer.Option(help="Also write the tables and plots into this directory.")] = None,
     part: Annotated[list[str] | None, typer.Option(help="bandit and/or tictactoe (default both).")] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes for independent stages (one thread each).")] = 1,
+    report_only: Annotated[bool, typer.Option(help="Run nothing; report the rows whose evaluations exist.")] = False,
 ) -> None:
     """The greedy-agents study: untrained, greedy-like SFT, UCB/minimax SFT, RLFT, RLFT + bonus."""
     from turnrl.errors import TurnRLError
@@ -63,7 +64,7 @@ def study_greedy_cmd(
     for p in parts:
         if p not in ("bandit", "tictactoe"):
             raise TurnRLError(f"--part must be bandit or tictactoe (got {p!r})")
-    run_study(out, seeds=seeds, fast=fast, docs=docs, parts=parts, jobs=jobs,
+    run_study(out, seeds=seeds, fast=fast, docs=docs, parts=parts, jobs=jobs, report_only=report_only,
               log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
     console.print((out / "rlft-tables.md").read_text())
 
