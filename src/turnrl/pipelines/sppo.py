@@ -30,7 +30,7 @@ Departures from the paper (Wu et al., 2024):
   learned ``pairwise_model`` and an LLM ``judge`` are the other oracles.
 * Log-probs are taken in the context the agent acted in (``history``: the quickstart agent
   sees only the current board), each turn its own sequence (``PreferenceConfig.history``).
-* The tiny model is trained with lr 3e-4, 2 epochs an iteration; the paper uses lr 5e-7 on
+* The tiny model is trained with lr 1e-4, 2 epochs an iteration; the paper uses lr 5e-7 on
   7B models with eta = 1e3 (beta = 1e-3 in the authors' code). eta here is 5: log-ratios of
   a few-million-parameter model move in nats, not thousandths.
 """
@@ -62,7 +62,7 @@ __all__ = ["SPPOConfig", "build_data", "compare_method", "run_iteration", "run_s
 
 
 def _default_train() -> PreferenceConfig:
-    return PreferenceConfig(loss="sppo", eta=5.0, sppo_variant="soft", lr=3e-4, epochs=2.0, batch_size=16,
+    return PreferenceConfig(loss="sppo", eta=5.0, sppo_variant="soft", lr=1e-4, epochs=2.0, batch_size=16,
                             row_tokens=1024, warmup_ratio=0.05, lr_schedule="constant", max_length=1024)
 
 
