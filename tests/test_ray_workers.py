@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,21 @@ def test_two_actors_equal_in_process(ray_cluster: Any, tmp_path: Path, capsys: p
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 6
 
 
+def _wait_gone(pid: int, limit: float = 60.0) -> None:
+    """Wait until process ``pid`` has exited (or is a zombie)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actor process {pid} still alive {limit:g} s after ray.kill")
+
+
 @pytest.mark.slow
 def test_a_dead_actor_fails_its_episodes_and_the_next_reset_starts_a_fresh_one(ray_cluster: Any) -> None:
     make = ray_pool_factory("twenty_questions", workers=2)
@@ -100,6 +116,7 @@ def test_a_dead_actor_fails_its_episodes_and_the_next_reset_starts_a_fresh_one(r
         for e, task in zip(envs, ids, strict=False):
             e.reset(options={"task_id": task, "split": "seen"})
         ray_cluster.kill(envs[0].actor)
+        _wait_gone(pids[0])  # ray.kill is asynchronous: a call sent right after it may still be served
         for e in (envs[0], envs[2]):  # both envs of the dead actor lose their episode
             obs, _, term, trunc, info = e.step("Is it an animal?")
             assert trunc and not term and info["outcome"] == "env_error" and "Ray actor died" in info["error"]
