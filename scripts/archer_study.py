@@ -1,9 +1,10 @@
-"""ArCHer vs filtered BC vs CHAI (vs PPO when ``turnrl train ppo`` exists) on tic-tac-toe.
+"""ArCHer vs filtered BC vs PPO vs CHAI on tic-tac-toe against the random opponent.
 
-    python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 2
+    python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 1 --img docs/img/archer
 
-1. the starting policy: the tiny tic-tac-toe model SFT'd briefly on few minimax demos
-   (``--demos`` games, ``--sft-epochs`` epochs), so that there is room to improve;
+1. the starting policy: the tiny tic-tac-toe model SFT'd on few minimax demos (``--demos``
+   games of the deterministic expert, ``expert_ties=ordered``; ``--sft-epochs`` epochs), so
+   that there is room to improve; ArCHer's and CHAI's critic encoder starts from it;
 2. each method and seed: ``turnrl train <method>`` from that policy with the same budget of
    iterations (so about the same number of environment steps), evaluated before training
    and at the end on ``eval_episodes`` seen-split games (seed-dependent episodes and
@@ -27,12 +28,21 @@ from pathlib import Path
 
 INSTRUCTION = ("Play tic-tac-toe. Cells are numbered 0-8; an empty cell shows its number. Answer as:\n"
                "Thought: <reason>\nAction: <cell>")
+#: the opponent plays random legal moves; the expert (demos only) breaks ties centre > corners > edges
+ENV_OPTS = {"opponent": "random", "expert_ties": "ordered"}
 COMMON = [
-    "prompt.history=0", "env_opts.opponent=random", "prompt.invalid_penalty=-1", f"prompt.instruction={json.dumps(INSTRUCTION)}",
-    "episodes_per_iteration=16", "num_envs=16", "sampling.max_new_tokens=32", "state_system=false",
-    "critic.joint=true", "critic_steps=10", "critic.batch_size=16", "warmup_iterations=3",
+    "prompt.history=0", "env_opts.opponent=random", "env_opts.expert_ties=ordered", "prompt.invalid_penalty=-1",
+    f"prompt.instruction={json.dumps(INSTRUCTION)}", "episodes_per_iteration=16", "num_envs=16",
+    "sampling.max_new_tokens=32", "state_system=false",
 ]
-METHODS = {"archer": ["actor.lr=1e-4"], "filtered_bc": ["bc_steps=3", "actor.lr=1e-4"], "chai": []}
+#: the critic (ArCHer and CHAI): its encoder is the starting policy's transformer (``critic.encoder``
+#: is set to the starting model per run), read at the last token of ``state + action``
+CRITIC = ["critic.joint=true", "critic.pooling=last", "critic_steps=20", "critic.batch_size=16", "warmup_iterations=2"]
+METHODS = {
+    "archer": [*CRITIC, "advantage_norm=whiten", "actor.lr=2e-4", "actor_steps=3", "actor.batch_size=32"],
+    "filtered_bc": ["bc_steps=3", "actor.batch_size=32", "actor.lr=2e-4"],
+    "chai": [*CRITIC],
+}
 #: ``turnrl train ppo`` (issue 9's RLFT trainer) with the same prompt, budget and penalty; its
 #: other settings are its defaults
 PPO = ["history=0", "invalid_penalty=-1", f"instruction={json.dumps(INSTRUCTION)}", "episodes_per_iter=16", "num_envs=16",
@@ -54,7 +64,7 @@ def eval_model(model: Path, seed: int, episodes: int) -> dict:
     pol = load_policy(str(model), sampling=SamplingConfig(temperature=1.0, max_new_tokens=32), history=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(eval_seed)
-        trajs = run_policy(pol, "tictactoe", split="seen", episodes=episodes, env_opts={"opponent": "random"},
+        trajs = run_policy(pol, "tictactoe", split="seen", episodes=episodes, env_opts=ENV_OPTS,
                            num_envs=32, seed=eval_seed,
                            prompt=PromptConfig(instruction=INSTRUCTION, history=0, invalid_penalty=-1))
     return {"return": float(np.mean([t.return_ for t in trajs])),
@@ -94,7 +104,7 @@ def start_policy(out: Path, demos: int, epochs: float) -> Path:
     if not (tiny / "config.json").is_file():
         build_tiny(tiny, env_names=("tictactoe",))
     data = out / "demos.jsonl"
-    run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=demos, env_opts={"opponent": "random"},
+    run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=demos, env_opts=ENV_OPTS,
                out=data, num_envs=64, prompt=PromptConfig(instruction=INSTRUCTION, history=0))
     cfg = SFTConfig(epochs=epochs, batch_size=16, lr=2e-3, row_tokens=1024, history=0, warmup_ratio=0.03, seed=0)
     train_sft(str(tiny), data, out / "start", cfg, resume=True)
@@ -111,6 +121,8 @@ def run_one(method: str, seed: int, model: Path, out: Path, iterations: int, eva
            "--env", "tictactoe", "--out", str(run), *COMMON, *METHODS[method], f"seed={seed}",
            f"iterations={iterations}", f"eval_every={iterations}", f"eval_episodes={eval_episodes}",
            f"eval_seed={1000 + seed}"]
+    if method in ("archer", "chai"):
+        cmd.append(f"critic.encoder={model}")
     if (run / "checkpoints").is_dir():
         cmd.append("--resume")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
@@ -188,6 +200,24 @@ def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) ->
             ax.fill_between(xs[k - 1:], mu - sd, mu + sd, alpha=0.2, color=line.get_color())
         ax.errorbar([0, float(np.mean(steps))], [m0, m1], yerr=[[m0 - ci0[0], m1 - ci1[0]], [ci0[1] - m0, ci1[1] - m1]],
                     fmt="o", color=line.get_color(), capsize=3)
+    # runs that have not finished (killed, or still running): their training return so far
+    unfinished = []
+    for method in methods:
+        for sd in seeds:
+            run = out / f"{method}-s{sd}"
+            if method == "ppo" or (run / "summary.json").is_file() or not (run / "metrics.jsonl").is_file():
+                continue
+            d = [r for r in rows(run) if "train/return" in r]
+            if d:
+                unfinished.append({"method": method, "seed": sd, "iterations": d[-1]["iteration"],
+                                   "env_steps": d[-1]["env_steps"], "start": rows(run)[0].get("eval/return"),
+                                   "train_return": [r["train/return"] for r in d],
+                                   "train_invalid": [r["train/invalid"] for r in d]})
+                ln, = ax.plot([r["env_steps"] for r in d], [r["train/return"] for r in d], "--", alpha=0.7,
+                              label=f"{method} seed {sd} (unfinished, per iteration)")
+                if unfinished[-1]["start"] is not None:
+                    ax.plot([0], [unfinished[-1]["start"]], "x", color=ln.get_color(), label="its start eval return")
+    res["unfinished"] = unfinished
     ax.set_xlabel("environment steps (agent turns)")
     ax.set_ylabel("return (win 1, loss -1, invalid move -1)")
     ax.set_title("tic-tac-toe vs random: training return (lines, 3-iter mean)\nand eval return ± 95% CI (points)")
@@ -218,6 +248,11 @@ def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) ->
                      f"{r['start_ci'][1]:.3f}] | {r['final']:.3f} [{r['final_ci'][0]:.3f}, {r['final_ci'][1]:.3f}] | "
                      f"{'yes' if r['improved_nonoverlapping'] else 'no'} | {r['train_invalid_first']:.2f} → "
                      f"{r['train_invalid_last']:.2f} |")
+    for u in unfinished:
+        lines.append(f"\nunfinished: {u['method']} seed {u['seed']}, {u['iterations']} iterations "
+                     f"({u['env_steps']} env steps), start eval return {u['start']}, training return per iteration "
+                     f"{', '.join(f'{x:.2f}' for x in u['train_return'])}, invalid rate "
+                     f"{', '.join(f'{x:.2f}' for x in u['train_invalid'])}")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     print("\n".join(lines))
@@ -233,14 +268,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/archer_study"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", nargs="+", default=["archer", "filtered_bc", "chai", "ppo"])
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--eval-episodes", type=int, default=100)
-    ap.add_argument("--demos", type=int, default=150)
-    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--demos", type=int, default=100)
+    ap.add_argument("--sft-epochs", type=float, default=3.0)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--img", type=Path, default=None, help="Also copy the plots here (docs/img/archer).")
+    ap.add_argument("--report-only", action="store_true", help="Only tabulate and plot the finished runs.")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        report(args.out, args.methods, args.seeds, args.img)
+        return
     model = start_policy(args.out, args.demos, args.sft_epochs)
     jobs = [(m, s) for m in args.methods for s in args.seeds]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

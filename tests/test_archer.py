@@ -21,6 +21,7 @@ from turnrl.train.archer import (
     OnlineConfig,
     OnlineTrainer,
     ReplayBuffer,
+    normalize_advantages,
     train_online,
     transitions,
 )
@@ -222,3 +223,17 @@ def test_joint_critic_reads_state_and_action_together(tiny_tokenizer) -> None:
     assert set(out) == {"q1", "q2", "v1", "v2"} and all(v.shape == (2,) for v in out.values())
     assert out["q1"][0] == pytest.approx(float(q_a[0]), abs=1e-5)  # batched == single
     assert float(q_a[0]) != float(q_b[0])  # the action changes Q
+
+
+def test_normalize_advantages_hand_values() -> None:
+    adv = torch.tensor([-1.0, -2.0, -3.0, -6.0])  # a lagging V: every raw advantage negative
+    assert torch.equal(normalize_advantages(adv, "none"), adv)
+    assert torch.allclose(normalize_advantages(adv, "center"), torch.tensor([2.0, 1.0, 0.0, -3.0]))
+    # centred [2, 1, 0, -3], population std sqrt(14 / 4)
+    std = (14.0 / 4.0) ** 0.5
+    assert torch.allclose(normalize_advantages(adv, "whiten"), torch.tensor([2.0, 1.0, 0.0, -3.0]) / std)
+    # the ranking survives, the common negative offset does not
+    assert normalize_advantages(adv, "whiten").argsort().tolist() == adv.argsort().tolist()
+    assert torch.equal(normalize_advantages(torch.full((3,), -0.7), "whiten"), torch.zeros(3))
+    with pytest.raises(Exception, match="advantage_norm"):
+        normalize_advantages(adv, "scale")

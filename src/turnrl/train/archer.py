@@ -45,6 +45,10 @@ Departures from the paper (and why):
 * The token-level baseline (the paper's optional ``b(s, a^<h)``) is supported by the loss
   function (a ``[B, H]`` baseline) but not trained here; the actor uses the utterance
   baseline ``min V(s)``.
+* ``advantage_norm`` (default ``none``, the paper) can centre or whiten the actor's
+  advantages within each actor batch (:func:`normalize_advantages`): with a critic that is
+  still learning, the raw advantages of a batch share one sign (V regresses on the lagging
+  target Q), and ``-A log pi`` with a negative mean pushes every sampled reply down.
 * One process: the online loop does not shard rollouts across processes (GPU users get
   bf16/LoRA through the trainer core, not multi-GPU collection).
 * A truncated episode's last transition bootstraps (``done = terminated``); the paper's
@@ -117,6 +121,10 @@ class OnlineConfig(Config):
     actor_steps: int = 3
     warmup_iterations: int = 5
     v_target: Literal["twin", "min"] = "twin"
+    #: the actor's advantages within each actor batch: ``none`` (the paper), ``center``
+    #: (minus the batch mean) or ``whiten`` (centred and divided by the batch std); see
+    #: :func:`normalize_advantages`
+    advantage_norm: Literal["none", "center", "whiten"] = "none"
     chai_k: int = 5
     #: the critic reads the system message (the task instruction) as part of the state; turn
     #: off where it is the same for every task (it only costs critic compute then)
@@ -211,6 +219,26 @@ class ReplayBuffer:
 
     def load(self, path: Path) -> None:
         self.items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def normalize_advantages(adv: torch.Tensor, mode: str) -> torch.Tensor:
+    """``adv`` as is (``none``), minus its mean (``center``), or centred and divided by its
+    standard deviation (``whiten``; a constant batch becomes all zeros).
+
+    Why: while the critic is still learning, ``min V(s)`` lags ``min Q(s, a_hat)`` (V regresses
+    on the *target* Q, and values keep falling as penalties are discovered), so the raw
+    advantages of a batch share one sign; ``-A * log pi`` with a negative mean pushes down
+    every sampled reply and the small actor drifts into high-entropy text. Centring keeps
+    only the critic's ranking of the sampled replies."""
+    if mode == "none" or adv.numel() == 0:
+        return adv
+    out = adv - adv.mean()
+    if mode == "whiten":
+        std = out.std(unbiased=False) if out.numel() > 1 else out.new_zeros(())
+        out = out / std if float(std) > 1e-6 else torch.zeros_like(out)
+    elif mode != "center":
+        raise TurnRLError(f"advantage_norm must be none, center or whiten (got {mode!r})")
+    return out
 
 
 # --------------------------------------------------------------------------- trainer core, online
@@ -524,7 +552,8 @@ class OnlineRun:
                 self.critic.eval()
                 out = self.critic([t["s"] for t in batch], [m.content for m in hats])
                 self.critic.train()
-            adv = archer_advantage(out["q1"], out["q2"], out["v1"], out["v2"])
+            raw = archer_advantage(out["q1"], out["q2"], out["v1"], out["v2"])
+            adv = normalize_advantages(raw, self.cfg.advantage_norm)
             value = torch.minimum(out["q1"], out["q2"])
             examples = []
             for i, (view, hat) in enumerate(zip(views, hats, strict=True)):
@@ -534,7 +563,10 @@ class OnlineRun:
                     raise TurnRLError("an actor sample has no trainable tokens")
                 examples.append(ActorExample(enc, float(value[i]), float(value[i] - adv[i])))
             rec = at.step_on(examples)
-            for k in ("loss", "advantage", "logp", "grad_norm"):
+            rec["raw_advantage"] = float(raw.mean())
+            rec["raw_advantage_std"] = float(raw.std()) if raw.numel() > 1 else 0.0
+            rec["q"] = float(value.mean())
+            for k in ("loss", "advantage", "logp", "grad_norm", "raw_advantage", "raw_advantage_std", "q"):
                 sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
         return {f"actor/{k}": v / self.cfg.actor_steps for k, v in sums.items()}
 
