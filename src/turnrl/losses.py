@@ -48,6 +48,7 @@ __all__ = [
     "gae",
     "ipo_loss",
     "kl_penalty",
+    "normalize_advantages",
     "ppo_loss",
     "ppo_policy_loss",
     "preference_metrics",
@@ -885,6 +886,33 @@ def rewards_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
         running = r[:, t] + gamma * running * m[:, t]
         out[:, t] = running
     return out * m
+
+
+def normalize_advantages(adv: Tensor, mode: str) -> Tensor:
+    r"""Advantages as they are (``none``), centred (``center``) or whitened (``whiten``).
+
+    .. math::  \text{center}: A_i - \bar A, \qquad
+               \text{whiten}: (A_i - \bar A) / \sigma_A
+
+    with :math:`\sigma_A` the population standard deviation of the batch; a batch with
+    :math:`\sigma_A \le 10^{-6}` (constant) whitens to all zeros. PPO whitens its advantages
+    over a batch (``adv_norm``); ArCHer's ``advantage_norm`` chooses: while its critic is still
+    learning, ``min V(s)`` lags ``min Q(s, a_hat)`` (V regresses on the *target* Q), the raw
+    advantages of a batch share one sign, and ``-A log pi`` with a negative mean pushes down
+    every sampled reply; centring keeps only the critic's ranking.
+
+    Example: ``[-1, -2, -3, -6]`` centres to ``[2, 1, 0, -3]`` and whitens to that over
+    :math:`\sqrt{14/4}`.
+    """
+    if mode == "none" or adv.numel() == 0:
+        return adv
+    if mode not in ("center", "whiten"):
+        raise ValueError(f"advantage_norm must be none, center or whiten (got {mode!r})")
+    out = adv - adv.mean()
+    if mode == "whiten":
+        std = out.std(unbiased=False) if out.numel() > 1 else out.new_zeros(())
+        out = out / std if float(std) > 1e-6 else torch.zeros_like(out)
+    return out
 
 
 def batch_baseline_advantages(returns: Tensor, mask: Tensor) -> Tensor:

@@ -74,7 +74,13 @@ from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.config import Config
 from turnrl.data.schema import Message, Trajectory
 from turnrl.errors import TurnRLError
-from turnrl.losses import archer_actor_loss, archer_advantage, archer_q_loss, archer_v_loss
+from turnrl.losses import (
+    archer_actor_loss,
+    archer_advantage,
+    archer_q_loss,
+    archer_v_loss,
+    normalize_advantages,
+)
 from turnrl.rollout.engine import SamplingConfig
 from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
 from turnrl.tokenization import ChatFormat, Encoded
@@ -219,26 +225,6 @@ class ReplayBuffer:
 
     def load(self, path: Path) -> None:
         self.items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def normalize_advantages(adv: torch.Tensor, mode: str) -> torch.Tensor:
-    """``adv`` as is (``none``), minus its mean (``center``), or centred and divided by its
-    standard deviation (``whiten``; a constant batch becomes all zeros).
-
-    Why: while the critic is still learning, ``min V(s)`` lags ``min Q(s, a_hat)`` (V regresses
-    on the *target* Q, and values keep falling as penalties are discovered), so the raw
-    advantages of a batch share one sign; ``-A * log pi`` with a negative mean pushes down
-    every sampled reply and the small actor drifts into high-entropy text. Centring keeps
-    only the critic's ranking of the sampled replies."""
-    if mode == "none" or adv.numel() == 0:
-        return adv
-    out = adv - adv.mean()
-    if mode == "whiten":
-        std = out.std(unbiased=False) if out.numel() > 1 else out.new_zeros(())
-        out = out / std if float(std) > 1e-6 else torch.zeros_like(out)
-    elif mode != "center":
-        raise TurnRLError(f"advantage_norm must be none, center or whiten (got {mode!r})")
-    return out
 
 
 # --------------------------------------------------------------------------- trainer core, online

@@ -84,7 +84,14 @@ from turnrl import envs
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.data.schema import Trajectory
 from turnrl.errors import TurnRLError
-from turnrl.losses import batch_baseline_advantages, gae, ppo_loss, rewards_to_go, value_loss
+from turnrl.losses import (
+    batch_baseline_advantages,
+    gae,
+    normalize_advantages,
+    ppo_loss,
+    rewards_to_go,
+    value_loss,
+)
 from turnrl.rollout.engine import HFEngine, SamplingConfig
 from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
 from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
@@ -466,8 +473,7 @@ class PPORunner:
         flat = [s for eps in chosen for s in eps]
         vals = torch.tensor([float(adv[s.episode, s.turn]) for s in flat], dtype=torch.float64)
         if cfg.adv_norm and len(flat) > 1:
-            std = float(vals.std())
-            vals = (vals - vals.mean()) / (std if std > 1e-8 else 1.0)
+            vals = normalize_advantages(vals, "whiten")
         for s, a in zip(flat, vals.tolist(), strict=True):
             s.advantage = a
             s.ret = float(ret[s.episode, s.turn])
