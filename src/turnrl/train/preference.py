@@ -33,6 +33,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,6 +97,12 @@ class Unit:
     ref: torch.Tensor | None = None  # [len(num_turns), max(num_turns)] per-turn reference log-probs
     sides: list[int] | None = None
     """Which side (chosen 0 / rejected 1) each sequence is, when a side is several per-turn views."""
+
+    @cached_property
+    def chosen_tokens(self) -> int:
+        """Agent-turn tokens of the chosen side (over its per-turn views, if any); at least 1."""
+        sides = self.sides if self.sides is not None else list(range(len(self.seqs)))
+        return max(1, sum(sum(e.action_mask) for e, s in zip(self.seqs, sides, strict=True) if s == 0))
 
 
 # ----------------------------------------------------------------------------- data
@@ -220,12 +227,6 @@ def unit_turn_logps(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, pa
     return out
 
 
-def _side_tokens(unit: Unit, side: int) -> int:
-    """Agent-turn tokens of one side of ``unit`` (over its per-turn views, if any)."""
-    sides = unit.sides if unit.sides is not None else list(range(len(unit.seqs)))
-    return max(1, sum(sum(e.action_mask) for e, s in zip(unit.seqs, sides, strict=True) if s == side))
-
-
 def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
@@ -279,7 +280,7 @@ class PreferenceObjective:
                            label_smoothing=cfg.label_smoothing)
         if cfg.sft_weight == 0:
             return out
-        nll = chosen_nll(pc.sum(-1), torch.tensor([_side_tokens(u, 0) for u in examples], device=dev))
+        nll = chosen_nll(pc.sum(-1), torch.tensor([u.chosen_tokens for u in examples], device=dev))
         return out[0] + cfg.sft_weight * nll, {**out[1], "chosen_nll": nll.detach()}
 
 
