@@ -245,9 +245,13 @@ def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
                                   eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes,
                                   eval_seed=pipe.eval_seed, seed=pipe.seed, num_envs=pipe.num_envs,
                                   max_new_tokens=pipe.max_new_tokens)
-    name = "sppo" if loss == "sppo" else f"sppo_{loss}"
     data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
-    return _validate({**data, "out": str(run.dir / name), "loss": loss}).check()
+    return _validate({**data, "out": str(run.dir / _method_name(loss)), "loss": loss}).check()
+
+
+def _method_name(loss: str) -> str:
+    """The compare method (and run directory) of SPPO's ``loss``: ``sppo`` or ``sppo_dpo``."""
+    return "sppo" if loss == "sppo" else f"sppo_{loss}"
 
 
 _SET_BY_COMPARE = ("out", "model", "env", "seed", "loss")
@@ -275,7 +279,7 @@ def compare_method(run: Any, loss: str = "sppo") -> list[dict[str, Any]]:
     best-vs-worst sample) in ``turnrl compare``: iterations from the seed's SFT agent with
     :func:`compare_config`'s settings; one record per iteration."""
     cfg = compare_config(run, loss)
-    method = "sppo" if loss == "sppo" else f"sppo_{loss}"
+    method = _method_name(loss)
     out: list[dict[str, Any]] = []
     current = run.sft
     for i in range(1, cfg.iterations + 1):
