@@ -44,15 +44,22 @@ def test_tiny_model_greedy_with_two_workers_equals_one(tiny_dir: Path, env: str)
     assert all(m.token_ids for t in two for m in t.messages if m.role == "assistant")
 
 
+def start_shared_pool(envs: list[Any]) -> tuple[list[int | None], list[str]]:
+    """Four twenty-questions proxies of a 2-worker pool: check that envs 0/2 and 1/3 share a
+    worker that is not this process, start an episode in each; their pids and task ids."""
+    pids = [e.worker_pid for e in envs]
+    assert pids[0] == pids[2] and pids[1] == pids[3] and pids[0] != pids[1] and os.getpid() not in pids
+    ids = envs[0].task_ids("seen")
+    for e, task in zip(envs, ids, strict=False):
+        e.reset(options={"task_id": task, "split": "seen"})
+    return pids, ids
+
+
 def test_pool_shares_processes_and_a_dead_worker_fails_its_episodes() -> None:
     make = worker_pool_factory("twenty_questions", workers=2)
     envs = [make() for _ in range(4)]
     try:
-        pids = [e.worker_pid for e in envs]
-        assert pids[0] == pids[2] and pids[1] == pids[3] and pids[0] != pids[1] and os.getpid() not in pids
-        ids = envs[0].task_ids("seen")
-        for e, task in zip(envs, ids, strict=False):
-            e.reset(options={"task_id": task, "split": "seen"})
+        pids, ids = start_shared_pool(envs)
         os.kill(pids[0] or 0, signal.SIGKILL)
         for e in (envs[0], envs[2]):  # both envs of the dead worker lose their episode
             obs, _, term, trunc, info = e.step("Is it an animal?")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_collect_workers import start_shared_pool
 
 from turnrl.cli import main
 from turnrl.collect import run_policy
@@ -110,13 +111,9 @@ def test_a_dead_actor_fails_its_episodes_and_the_next_reset_starts_a_fresh_one(r
     make = ray_pool_factory("twenty_questions", workers=2)
     envs = [make() for _ in range(4)]
     try:
-        pids = [e.worker_pid for e in envs]
-        assert pids[0] == pids[2] and pids[1] == pids[3] and pids[0] != pids[1] and os.getpid() not in pids
-        ids = envs[0].task_ids("seen")
-        for e, task in zip(envs, ids, strict=False):
-            e.reset(options={"task_id": task, "split": "seen"})
+        pids, ids = start_shared_pool(envs)
         ray_cluster.kill(envs[0].actor)
-        _wait_gone(pids[0])  # ray.kill is asynchronous: a call sent right after it may still be served
+        _wait_gone(pids[0] or 0)  # ray.kill is asynchronous: a call sent right after it may still be served
         for e in (envs[0], envs[2]):  # both envs of the dead actor lose their episode
             obs, _, term, trunc, info = e.step("Is it an animal?")
             assert trunc and not term and info["outcome"] == "env_error" and "Ray actor died" in info["error"]

@@ -122,8 +122,7 @@ class _RayWorker(_WorkerBase):
 
     def _request(self, proxy: ProcessEnv, op: str, args: Any, timeout: float) -> tuple[str, Any]:
         assert self.actor is not None
-        status, payload = self._get(self.actor.handle.remote(id(proxy), op, args), timeout, op)
-        return status, payload
+        return self._get(self.actor.handle.remote(id(proxy), op, args), timeout, op)
 
     def kill(self) -> None:
         actor, self.actor, self._pid = self.actor, None, None
