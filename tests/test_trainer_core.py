@@ -266,3 +266,31 @@ def test_lr_warmup_then_cosine(tmp_path: Path) -> None:
     assert all(a > b for a, b in zip(lrs[2:], lrs[3:], strict=False))
     row = read_metrics(tmp_path)[0]
     assert {"step", "epoch", "loss", "lr", "grad_norm", "units", "correct", "time"} <= row.keys()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_optimizer_first_step_by_hand(tmp_path: Path, optimizer: str) -> None:
+    """One full-batch step, no clipping, constant lr. SGD: w1 = w0 - lr * g; AdamW's first
+    (bias-corrected) step moves every weight with a non-zero gradient by about lr, whatever
+    the gradient's size: the difference the ``optimizer`` option exists for."""
+    lr, data = 1e-2, make_data(12)
+    model = build_model()
+    w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    loss, _ = NLL()(model, data)
+    (loss / NLL().units(data)).backward()
+    grads = {k: v.grad.detach().clone() for k, v in model.named_parameters()}
+    cfg = base_cfg(optimizer=optimizer, lr=lr, batch_size=12, max_steps=1, max_grad_norm=0.0, lr_schedule="constant")
+    _, res = run(tmp_path, cfg, n=12)
+    w1 = final_weights(res.out_dir)
+    for k, g in grads.items():
+        step = w1[k] - w0[k]
+        if optimizer == "sgd":
+            torch.testing.assert_close(step, -lr * g, atol=1e-6, rtol=1e-4, msg=k)
+        else:
+            moved = g.abs() > 1e-6
+            torch.testing.assert_close(step[moved].abs(), torch.full_like(step[moved], lr), atol=1e-4, rtol=0, msg=k)
+
+
+def test_sgd_momentum_is_rejected_for_adamw() -> None:
+    with pytest.raises(ValueError, match="momentum"):
+        TrainConfig(optimizer="adamw", momentum=0.9)

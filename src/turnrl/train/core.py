@@ -72,6 +72,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
+from pydantic import ValidationInfo, field_validator
 from torch.optim.lr_scheduler import LambdaLR
 
 from turnrl.config import Config
@@ -127,6 +128,12 @@ class TrainConfig(Config):
     max_grad_norm: float = 1.0
     """Clip the gradient norm to this; 0 = no clipping (the norm is still logged)."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """``adamw`` moves every weight by about ``lr`` a step whatever its gradient's size;
+    ``sgd`` (with ``momentum``) moves each weight in proportion to its gradient, so a small
+    preference step leaves the weights it barely touches almost where they were."""
+    momentum: float = 0.0
+    """SGD momentum in [0, 1) (``optimizer=sgd`` only)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     gradient_checkpointing: bool = False
     save_every: int = 0
@@ -135,6 +142,15 @@ class TrainConfig(Config):
     log_every: int = 1
     eval_every: int = 0
     lora: LoraSettings | None = None
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum_needs_sgd(cls, v: float, info: ValidationInfo) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError("must be in [0, 1)")
+        if v and info.data.get("optimizer") != "sgd":
+            raise ValueError("is an SGD setting: set optimizer=sgd too")
+        return v
 
 
 class Objective(Protocol):
@@ -364,7 +380,11 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise TurnRLError("the model has no trainable parameters")
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+        optimizer: torch.optim.Optimizer
+        if cfg.optimizer == "sgd":
+            optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
         warmup = math.ceil(cfg.warmup_ratio * self.total_steps)
         scheduler = LambdaLR(optimizer, _Schedule(cfg.lr_schedule, warmup, self.total_steps))
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
