@@ -1,4 +1,4 @@
-"""ArCHer vs filtered BC vs PPO vs CHAI on tic-tac-toe against the random opponent.
+"""ArCHer (with and without a KL tether to the start) vs filtered BC vs CHAI vs PPO on tic-tac-toe (random opponent).
 
     python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 1 --img docs/img/archer
 
@@ -43,6 +43,10 @@ METHODS = {
     "filtered_bc": ["bc_steps=3", "actor.batch_size=32", "actor.lr=2e-4"],
     "chai": [*CRITIC],
 }
+#: ArCHer with a KL penalty to the starting policy on the actor's sampled tokens (``actor_kl``)
+METHODS["archer_kl"] = [*METHODS["archer"], "actor_kl=0.2"]
+#: the ``turnrl train`` command of each method
+COMMAND = {"archer": "archer", "archer_kl": "archer", "filtered_bc": "filtered-bc", "chai": "chai"}
 #: ``turnrl train ppo`` (issue 9's RLFT trainer) with the same prompt, budget and penalty; its
 #: other settings are its defaults
 PPO = ["history=0", "invalid_penalty=-1", f"instruction={json.dumps(INSTRUCTION)}", "episodes_per_iter=16", "num_envs=16",
@@ -117,11 +121,11 @@ def run_one(method: str, seed: int, model: Path, out: Path, iterations: int, eva
     run = out / f"{method}-s{seed}"
     if (run / "summary.json").is_file() and json.loads((run / "summary.json").read_text()).get("eval"):
         return run
-    cmd = [sys.executable, "-m", "turnrl", "train", method.replace("_", "-"), "--model", str(model),
+    cmd = [sys.executable, "-m", "turnrl", "train", COMMAND[method], "--model", str(model),
            "--env", "tictactoe", "--out", str(run), *COMMON, *METHODS[method], f"seed={seed}",
            f"iterations={iterations}", f"eval_every={iterations}", f"eval_episodes={eval_episodes}",
            f"eval_seed={1000 + seed}"]
-    if method in ("archer", "chai"):
+    if method in ("archer", "archer_kl", "chai"):
         cmd.append(f"critic.encoder={model}")
     if (run / "checkpoints").is_dir():
         cmd.append("--resume")
@@ -267,8 +271,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/archer_study"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--methods", nargs="+", default=["archer", "filtered_bc", "chai", "ppo"])
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--methods", nargs="+", default=["archer", "archer_kl", "filtered_bc", "chai", "ppo"])
+    ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--eval-episodes", type=int, default=100)
     ap.add_argument("--demos", type=int, default=100)
     ap.add_argument("--sft-epochs", type=float, default=3.0)

@@ -237,3 +237,43 @@ def test_normalize_advantages_hand_values() -> None:
     assert torch.equal(normalize_advantages(torch.full((3,), -0.7), "whiten"), torch.zeros(3))
     with pytest.raises(Exception, match="advantage_norm"):
         normalize_advantages(adv, "scale")
+
+
+def test_actor_kl_penalty_is_zero_against_itself_and_k3_by_hand(tiny_dir: Path, tiny_tokenizer) -> None:
+    """``actor_kl``: against an identical reference the loss is ArCHer's alone and the KL 0;
+    against another reference it adds ``coef * sum_h (e^d - 1 - d)``, ``d = log pi_ref - log pi``,
+    over the sampled tokens (computed here from the two models' token log-probs)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.archer import ActorExample, ActorObjective
+    from turnrl.train.forward import pack, token_logps
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    chat = ChatFormat(tiny_tokenizer)
+    views = [[Message("user", "Board: 0 1 2"), Message("assistant", "Action: 4")],
+             [Message("user", "Board: X 1 2"), Message("assistant", "Thought: take 1\nAction: 1")]]
+    examples = []
+    for i, v in enumerate(views):
+        enc = chat.encode(v, trainable_turns=[0])
+        assert enc is not None
+        examples.append(ActorExample(enc, value=0.5 - i, baseline=0.1))
+    pad = tiny_tokenizer.pad_token_id or 0
+    base, _ = ActorObjective(4096, pad)(model, examples)
+    same, m_same = ActorObjective(4096, pad, copy.deepcopy(model), 0.7)(model, examples)
+    torch.testing.assert_close(same, base)
+    assert m_same["kl"] == pytest.approx(0.0, abs=1e-6)
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    total, m = ActorObjective(4096, pad, ref, 0.7)(model, examples)
+    batch = pack([e.enc for e in examples], row_tokens=4096, pad_id=pad)
+    with torch.no_grad():
+        d = token_logps(ref, batch) - token_logps(model, batch)
+    want_kl = float((torch.expm1(d) - d).sum())
+    assert want_kl > 1e-3 and m["kl"] == pytest.approx(want_kl, rel=1e-5)
+    assert float((total - base).detach()) == pytest.approx(0.7 * want_kl, rel=1e-5)

@@ -49,6 +49,10 @@ Departures from the paper (and why):
   advantages within each actor batch (:func:`normalize_advantages`): with a critic that is
   still learning, the raw advantages of a batch share one sign (V regresses on the lagging
   target Q), and ``-A log pi`` with a negative mean pushes every sampled reply down.
+* ``actor_kl`` (default 0, the paper) adds ``actor_kl * sum_h k3`` over the sampled tokens,
+  a KL penalty from the actor to the frozen starting policy (as PPO's ``beta_kl``): with a
+  critic that ranks replies little better than chance the actor otherwise drifts into a
+  confident malformed reply that every later batch only reinforces (docs/archer.md).
 * One process: the online loop does not shard rollouts across processes (GPU users get
   bf16/LoRA through the trainer core, not multi-GPU collection).
 * A truncated episode's last transition bootstraps (``done = terminated``); the paper's
@@ -79,6 +83,7 @@ from turnrl.losses import (
     archer_advantage,
     archer_q_loss,
     archer_v_loss,
+    kl_penalty,
     normalize_advantages,
 )
 from turnrl.rollout.engine import SamplingConfig
@@ -131,6 +136,9 @@ class OnlineConfig(Config):
     #: (minus the batch mean) or ``whiten`` (centred and divided by the batch std); see
     #: :func:`normalize_advantages`
     advantage_norm: Literal["none", "center", "whiten"] = "none"
+    #: coefficient of a KL penalty from the actor to the starting policy on the sampled
+    #: tokens (the ``k3`` estimator, :func:`~turnrl.losses.kl_penalty`); 0 = the paper
+    actor_kl: float = 0.0
     chai_k: int = 5
     #: the critic reads the system message (the task instruction) as part of the state; turn
     #: off where it is the same for every task (it only costs critic compute then)
@@ -307,11 +315,14 @@ class ActorExample:
 
 
 class ActorObjective:
-    """ArCHer's actor loss ``-(q - b) * sum_h log pi``; units = sampled utterances."""
+    """ArCHer's actor loss ``-(q - b) * sum_h log pi``, plus ``kl_coef * sum_h k3(pi, pi_ref)``
+    over the sampled tokens when a reference model is given; units = sampled utterances."""
 
-    def __init__(self, row_tokens: int, pad_id: int):
+    def __init__(self, row_tokens: int, pad_id: int, ref: Any = None, kl_coef: float = 0.0):
         self.row_tokens = row_tokens
         self.pad_id = pad_id
+        self.ref = ref
+        self.kl_coef = kl_coef
 
     def units(self, examples: Sequence[ActorExample]) -> float:
         return float(len(examples))
@@ -333,7 +344,15 @@ class ActorObjective:
         value = torch.tensor([e.value for e in examples], dtype=torch.float32, device=lp.device)
         base = torch.tensor([e.baseline for e in examples], dtype=torch.float32, device=lp.device)
         losses, m = archer_actor_loss(padded, mask, value, base)
-        return losses.sum(), {"advantage": float(m["advantage"].sum()), "logp": float(m["logp"].sum())}
+        total = losses.sum()
+        metrics = {"advantage": float(m["advantage"].sum()), "logp": float(m["logp"].sum())}
+        if self.ref is not None and self.kl_coef > 0:
+            with torch.no_grad():
+                ref_lp = token_logps(self.ref, batch)
+            kl = kl_penalty(lp, ref_lp, "k3").sum()
+            total = total + self.kl_coef * kl
+            metrics["kl"] = float(kl.detach())  # summed over tokens: per utterance once divided by units
+        return total, metrics
 
 
 # --------------------------------------------------------------------------- policies
@@ -384,6 +403,8 @@ class OnlineRun:
             raise TurnRLError(f"bc_top must lie in (0, 1] (got {cfg.bc_top})")
         if cfg.chai_k < 1:
             raise TurnRLError(f"chai_k must be >= 1 (got {cfg.chai_k})")
+        if cfg.actor_kl < 0:
+            raise TurnRLError(f"actor_kl must be >= 0 (got {cfg.actor_kl})")
         self.algo: Algo = algo
         self.cfg = cfg
         self.out = Path(out)
@@ -421,7 +442,12 @@ class OnlineRun:
             actor_cfg = cfg.actor.model_copy(update={"seed": cfg.seed})
             if algo == "archer":
                 steps = max(1, (cfg.iterations - cfg.warmup_iterations) * cfg.actor_steps)
-                objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0)
+                ref = None
+                if cfg.actor_kl > 0:  # the starting policy, frozen (loaded again: a resumed actor is not it)
+                    ref = load_model(model_name, dtype="float32" if mp == "no" else "auto").eval()
+                    ref.requires_grad_(False)
+                    ref.to(self.accelerator.device)
+                objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0, ref, cfg.actor_kl)
             else:
                 from turnrl.train.sft import SFTObjective
 
@@ -552,7 +578,7 @@ class OnlineRun:
             rec["raw_advantage"] = float(raw.mean())
             rec["raw_advantage_std"] = float(raw.std()) if raw.numel() > 1 else 0.0
             rec["q"] = float(value.mean())
-            for k in ("loss", "advantage", "logp", "grad_norm", "raw_advantage", "raw_advantage_std", "q"):
+            for k in ("loss", "advantage", "logp", "kl", "grad_norm", "raw_advantage", "raw_advantage_std", "q"):
                 sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
         return {f"actor/{k}": v / self.cfg.actor_steps for k, v in sums.items()}
 
