@@ -211,10 +211,11 @@ def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) ->
             run = out / f"{method}-s{sd}"
             if method == "ppo" or (run / "summary.json").is_file() or not (run / "metrics.jsonl").is_file():
                 continue
-            d = [r for r in rows(run) if "train/return" in r]
+            every = rows(run)
+            d = [r for r in every if "train/return" in r]
             if d:
                 unfinished.append({"method": method, "seed": sd, "iterations": d[-1]["iteration"],
-                                   "env_steps": d[-1]["env_steps"], "start": rows(run)[0].get("eval/return"),
+                                   "env_steps": d[-1]["env_steps"], "start": every[0].get("eval/return"),
                                    "train_return": [r["train/return"] for r in d],
                                    "train_invalid": [r["train/invalid"] for r in d]})
                 ln, = ax.plot([r["env_steps"] for r in d], [r["train/return"] for r in d], "--", alpha=0.7,
