@@ -1,14 +1,17 @@
-"""ArCHer (with and without a KL tether to the start) vs filtered BC vs CHAI vs PPO on tic-tac-toe (random opponent).
+"""ArCHer (with and without a KL tether to the start) vs filtered BC vs CHAI vs PPO, on
+tic-tac-toe (random opponent) or twenty questions.
 
     python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 1 --img docs/img/archer
+    python scripts/archer_study.py --env twenty_questions --out runs/archer_20q --iterations 12 \
+        --demos 300 --sft-epochs 4 --eval-episodes 54 --img docs/img/archer_20q
 
-1. the starting policy: the tiny tic-tac-toe model SFT'd on few minimax demos (``--demos``
-   games of the deterministic expert, ``expert_ties=ordered``; ``--sft-epochs`` epochs), so
-   that there is room to improve; ArCHer's and CHAI's critic encoder starts from it;
+1. the starting policy: the tiny model (its tokenizer trained on the env's text) SFT'd on
+   few expert demos (``--demos`` train-split episodes; ``--sft-epochs`` epochs), so that
+   there is room to improve; ArCHer's and CHAI's critic encoder starts from it;
 2. each method and seed: ``turnrl train <method>`` from that policy with the same budget of
-   iterations (so about the same number of environment steps), evaluated before training
-   and at the end on ``eval_episodes`` seen-split games (seed-dependent episodes and
-   sampling, temperature 1 -- the policy being trained);
+   iterations (16 episodes each, so about the same number of environment steps), evaluated
+   before training and at the end on ``eval_episodes`` seen-split episodes (seed-dependent
+   episodes and sampling, temperature 1 -- the policy being trained);
 3. ``results.json``, ``results.md`` (the table) and the plots ``return_vs_steps.png`` and
    ``final_return.png`` (also copied to ``--img`` when given).
 
@@ -24,17 +27,65 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-INSTRUCTION = ("Play tic-tac-toe. Cells are numbered 0-8; an empty cell shows its number. Answer as:\n"
-               "Thought: <reason>\nAction: <cell>")
-#: the opponent plays random legal moves; the expert (demos only) breaks ties centre > corners > edges
-ENV_OPTS = {"opponent": "random", "expert_ties": "ordered"}
-COMMON = [
-    "prompt.history=0", "env_opts.opponent=random", "env_opts.expert_ties=ordered", "prompt.invalid_penalty=-1",
-    f"prompt.instruction={json.dumps(INSTRUCTION)}", "episodes_per_iteration=16", "num_envs=16",
-    "sampling.max_new_tokens=32", "state_system=false",
-]
+
+@dataclass(frozen=True)
+class EnvSetup:
+    """One env's settings for every method: prompt, opponent, reply budget, the start's SFT."""
+
+    name: str
+    instruction: str
+    env_opts: dict = field(default_factory=dict)
+    #: earlier exchanges in the prompt (None: all of them)
+    history: int | None = 0
+    max_new_tokens: int = 32
+    #: SFT rows of the start policy
+    row_tokens: int = 1024
+    #: the plot's title and y label
+    title: str = ""
+    ylabel: str = "return"
+    #: the critic's overrides for this env (ArCHer and CHAI)
+    critic: tuple[str, ...] = ()
+
+    def common(self) -> list[str]:
+        """The online trainers' overrides (ArCHer, CHAI, filtered BC)."""
+        return [f"prompt.history={_yaml(self.history)}", *(f"env_opts.{k}={v}" for k, v in self.env_opts.items()),
+                "prompt.invalid_penalty=-1", f"prompt.instruction={json.dumps(self.instruction)}",
+                "episodes_per_iteration=16", "num_envs=16", f"sampling.max_new_tokens={self.max_new_tokens}",
+                "state_system=false"]
+
+    def ppo(self) -> list[str]:
+        """``turnrl train ppo`` (issue 8's RLFT trainer) with the same prompt, budget and penalty; its
+        other settings are its defaults."""
+        return [f"history={_yaml(self.history)}", "invalid_penalty=-1", f"instruction={json.dumps(self.instruction)}",
+                "episodes_per_iter=16", "num_envs=16", f"max_new_tokens={self.max_new_tokens}"]
+
+    def prompt(self):  # -> PromptConfig
+        from turnrl.agent.prompting import PromptConfig
+
+        return PromptConfig(instruction=self.instruction, history=self.history, invalid_penalty=-1)
+
+
+def _yaml(value: object) -> str:
+    return "null" if value is None else str(value)
+
+
+ENVS = {
+    #: the opponent plays random legal moves; the expert (demos only) breaks ties centre > corners > edges
+    "tictactoe": EnvSetup(
+        "tictactoe", "Play tic-tac-toe. Cells are numbered 0-8; an empty cell shows its number. Answer as:\n"
+        "Thought: <reason>\nAction: <cell>", {"opponent": "random", "expert_ties": "ordered"},
+        title="tic-tac-toe vs random", ylabel="return (win 1, loss -1, invalid move -1)"),
+    #: the whole game so far in the prompt (the answers are the state); a short instruction
+    #: in place of the env's (which lists the 72 candidates and the questions)
+    "twenty_questions": EnvSetup(
+        "twenty_questions", "Play twenty questions: find the object by asking yes/no questions, then guess it "
+        "(Is it a <object>?). Answer as:\nThought: <reason>\nAction: <question>", history=None,
+        max_new_tokens=48, row_tokens=2048, title="twenty questions", critic=("critic.max_state_tokens=512",),
+        ylabel="return (-1 a turn, -1 more if invalid; -20 lost)"),
+}
 #: the critic (ArCHer and CHAI): its encoder is the starting policy's transformer (``critic.encoder``
 #: is set to the starting model per run), read at the last token of ``state + action``
 CRITIC = ["critic.joint=true", "critic.pooling=last", "critic_steps=20", "critic.batch_size=16", "warmup_iterations=2"]
@@ -47,54 +98,50 @@ METHODS = {
 METHODS["archer_kl"] = [*METHODS["archer"], "actor_kl=0.2"]
 #: the ``turnrl train`` command of each method
 COMMAND = {"archer": "archer", "archer_kl": "archer", "filtered_bc": "filtered-bc", "chai": "chai"}
-#: ``turnrl train ppo`` (issue 9's RLFT trainer) with the same prompt, budget and penalty; its
-#: other settings are its defaults
-PPO = ["history=0", "invalid_penalty=-1", f"instruction={json.dumps(INSTRUCTION)}", "episodes_per_iter=16", "num_envs=16",
-       "max_new_tokens=32"]
 
 
-def eval_model(model: Path, seed: int, episodes: int) -> dict:
+def eval_model(setup: EnvSetup, model: Path, seed: int, episodes: int) -> dict:
     """The online runs' evaluation (OnlineRun.evaluate) of a saved model: the same planned
     seen-split episodes, sampling seed and settings."""
     import numpy as np
     import torch
 
-    from turnrl.agent.prompting import PromptConfig
     from turnrl.collect import run_policy
     from turnrl.rollout import SamplingConfig, load_policy
 
     torch.set_num_threads(1)
     eval_seed = 1000 + seed
-    pol = load_policy(str(model), sampling=SamplingConfig(temperature=1.0, max_new_tokens=32), history=0)
+    pol = load_policy(str(model), sampling=SamplingConfig(temperature=1.0, max_new_tokens=setup.max_new_tokens),
+                      history=setup.history)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(eval_seed)
-        trajs = run_policy(pol, "tictactoe", split="seen", episodes=episodes, env_opts=ENV_OPTS,
-                           num_envs=32, seed=eval_seed,
-                           prompt=PromptConfig(instruction=INSTRUCTION, history=0, invalid_penalty=-1))
+        trajs = run_policy(pol, setup.name, split="seen", episodes=episodes, env_opts=setup.env_opts,
+                           num_envs=32, seed=eval_seed, prompt=setup.prompt())
     return {"return": float(np.mean([t.return_ for t in trajs])),
             "env_steps_per_episode": float(np.mean([t.num_turns for t in trajs]))}
 
 
-def run_ppo(seed: int, model: Path, out: Path, iterations: int, eval_episodes: int) -> Path:
+def run_ppo(setup: EnvSetup, seed: int, model: Path, out: Path, iterations: int, eval_episodes: int) -> Path:
     run = out / f"ppo-s{seed}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
     if not (run / "summary.json").is_file():
-        cmd = [sys.executable, "-m", "turnrl", "train", "ppo", "--model", str(model), "--env", "tictactoe",
-               "--out", str(run), "--env-opt", "opponent=random", *PPO, f"seed={seed}", f"iterations={iterations}"]
+        cmd = [sys.executable, "-m", "turnrl", "train", "ppo", "--model", str(model), "--env", setup.name,
+               "--out", str(run), *(f"--env-opt={k}={v}" for k, v in setup.env_opts.items()), *setup.ppo(),
+               f"seed={seed}", f"iterations={iterations}"]
         if (run / "checkpoints").is_dir():
             cmd.append("--resume")
         with open(out / f"ppo-s{seed}.log", "w") as log:
             subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
     if not (run / "study_eval.json").is_file():
-        res = {"start": eval_model(model, seed, eval_episodes), "final": eval_model(run / "model", seed, eval_episodes)}
+        res = {"start": eval_model(setup, model, seed, eval_episodes),
+               "final": eval_model(setup, run / "model", seed, eval_episodes)}
         (run / "study_eval.json").write_text(json.dumps(res, indent=2) + "\n")
     return run
 
 
-def start_policy(out: Path, demos: int, epochs: float) -> Path:
+def start_policy(setup: EnvSetup, out: Path, demos: int, epochs: float) -> Path:
     import torch
 
-    from turnrl.agent.prompting import PromptConfig
     from turnrl.collect import run_policy
     from turnrl.models.tiny import build_tiny
     from turnrl.rollout.policies import ExpertPolicy
@@ -106,27 +153,29 @@ def start_policy(out: Path, demos: int, epochs: float) -> Path:
         return model
     tiny = out / "tiny"
     if not (tiny / "config.json").is_file():
-        build_tiny(tiny, env_names=("tictactoe",))
+        build_tiny(tiny, env_names=(setup.name,))
     data = out / "demos.jsonl"
-    run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=demos, env_opts=ENV_OPTS,
-               out=data, num_envs=64, prompt=PromptConfig(instruction=INSTRUCTION, history=0))
-    cfg = SFTConfig(epochs=epochs, batch_size=16, lr=2e-3, row_tokens=1024, history=0, warmup_ratio=0.03, seed=0)
+    run_policy(ExpertPolicy(), setup.name, split="train", episodes=demos, env_opts=setup.env_opts, out=data,
+               num_envs=64, prompt=setup.prompt())
+    cfg = SFTConfig(epochs=epochs, batch_size=16, lr=2e-3, row_tokens=setup.row_tokens, history=setup.history,
+                    warmup_ratio=0.03, seed=0)
     train_sft(str(tiny), data, out / "start", cfg, resume=True)
     return model
 
 
-def run_one(method: str, seed: int, model: Path, out: Path, iterations: int, eval_episodes: int) -> Path:
+def run_one(setup: EnvSetup, method: str, seed: int, model: Path, out: Path, iterations: int,
+            eval_episodes: int) -> Path:
     if method == "ppo":
-        return run_ppo(seed, model, out, iterations, eval_episodes)
+        return run_ppo(setup, seed, model, out, iterations, eval_episodes)
     run = out / f"{method}-s{seed}"
     if (run / "summary.json").is_file() and json.loads((run / "summary.json").read_text()).get("eval"):
         return run
     cmd = [sys.executable, "-m", "turnrl", "train", COMMAND[method], "--model", str(model),
-           "--env", "tictactoe", "--out", str(run), *COMMON, *METHODS[method], f"seed={seed}",
+           "--env", setup.name, "--out", str(run), *setup.common(), *METHODS[method], f"seed={seed}",
            f"iterations={iterations}", f"eval_every={iterations}", f"eval_episodes={eval_episodes}",
            f"eval_seed={1000 + seed}"]
     if method in ("archer", "archer_kl", "chai"):
-        cmd.append(f"critic.encoder={model}")
+        cmd += [f"critic.encoder={model}", *setup.critic]
     if (run / "checkpoints").is_dir():
         cmd.append("--resume")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TURNRL_PROGRESS": "0"}
@@ -146,7 +195,7 @@ def rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) -> dict:
+def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img: Path | None) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,8 +273,8 @@ def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) ->
                     ax.plot([0], [unfinished[-1]["start"]], "x", color=ln.get_color(), label="its start eval return")
     res["unfinished"] = unfinished
     ax.set_xlabel("environment steps (agent turns)")
-    ax.set_ylabel("return (win 1, loss -1, invalid move -1)")
-    ax.set_title("tic-tac-toe vs random: training return (lines, 3-iter mean)\nand eval return ± 95% CI (points)")
+    ax.set_ylabel(setup.ylabel)
+    ax.set_title(f"{setup.title}: training return (lines, 3-iter mean)\nand eval return ± 95% CI (points)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "return_vs_steps.png", dpi=120)
@@ -270,6 +319,7 @@ def report(out: Path, methods: list[str], seeds: list[int], img: Path | None) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", choices=sorted(ENVS), default="tictactoe")
     ap.add_argument("--out", type=Path, default=Path("runs/archer_study"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", nargs="+", default=["archer", "archer_kl", "filtered_bc", "chai", "ppo"])
@@ -282,14 +332,16 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="Only tabulate and plot the finished runs.")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    setup = ENVS[args.env]
     if args.report_only:
-        report(args.out, args.methods, args.seeds, args.img)
+        report(setup, args.out, args.methods, args.seeds, args.img)
         return
-    model = start_policy(args.out, args.demos, args.sft_epochs)
+    model = start_policy(setup, args.out, args.demos, args.sft_epochs)
     jobs = [(m, s) for m in args.methods for s in args.seeds]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        list(pool.map(lambda ms: run_one(ms[0], ms[1], model, args.out, args.iterations, args.eval_episodes), jobs))
-    report(args.out, args.methods, args.seeds, args.img)
+        list(pool.map(lambda ms: run_one(setup, ms[0], ms[1], model, args.out, args.iterations, args.eval_episodes),
+                      jobs))
+    report(setup, args.out, args.methods, args.seeds, args.img)
 
 
 if __name__ == "__main__":
