@@ -184,15 +184,36 @@ def run_one(setup: EnvSetup, method: str, seed: int, model: Path, out: Path, ite
     return run
 
 
-def iterations_of(run: Path) -> int:
-    """Episodes a PPO run trained on (iterations x episodes per iteration)."""
-    rc = json.loads((run / "summary.json").read_text()).get("run_config") or {}
-    ppo = rc.get("ppo") or rc.get("config") or {}
-    return int(ppo.get("iterations", 0)) * int(ppo.get("episodes_per_iter", 0))
-
-
 def rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def training_curve(run: Path, ppo: bool) -> list[dict]:
+    """Per iteration: ``env_steps`` so far, ``train/return`` and ``train/invalid`` of its episodes.
+
+    The online trainers log these; a PPO run logs ``rollout/return`` (the env's return, without
+    the invalid-reply penalty it trains with), ``rollout/turns`` and ``rollout/invalid`` (per
+    turn), so its return is put on the study's scale (-1 an invalid reply) here."""
+    if not ppo:
+        return [r for r in rows(run) if "train/return" in r]
+    rc = json.loads((run / "summary.json").read_text()).get("run_config") or {}
+    episodes = int((rc.get("ppo") or {}).get("episodes_per_iter", 16))
+    out, steps = [], 0.0
+    for r in rows(run):
+        if "rollout/return" in r:
+            steps += episodes * r["rollout/turns"]
+            out.append({"env_steps": steps, "train/invalid": r["rollout/invalid"],
+                        "train/return": r["rollout/return"] - r["rollout/invalid"] * r["rollout/turns"]})
+    return out
+
+
+def start_final(run: Path, ppo: bool) -> tuple[float, float]:
+    """Evaluation return before and after training (a PPO run: the study's own evaluation)."""
+    if ppo:
+        ev = json.loads((run / "study_eval.json").read_text())
+        return ev["start"]["return"], ev["final"]["return"]
+    d = rows(run)
+    return d[0]["eval/return"], d[-1]["eval/return"]
 
 
 def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img: Path | None) -> dict:
@@ -207,43 +228,27 @@ def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img
     res: dict = {"methods": {}}
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method in methods:
-        runs = [out / f"{method}-s{s}" for s in seeds if (out / f"{method}-s{s}" / "summary.json").is_file()]
+        ppo = method == "ppo"
+        runs = [out / f"{method}-s{s}" for s in seeds
+                if (out / f"{method}-s{s}" / ("study_eval.json" if ppo else "summary.json")).is_file()]
         if not runs:
             continue
-        if method == "ppo":
-            runs = [r for r in runs if (r / "study_eval.json").is_file()]
-            if not runs:
-                continue
-            ev = [json.loads((r / "study_eval.json").read_text()) for r in runs]
-            start, final = [e["start"]["return"] for e in ev], [e["final"]["return"] for e in ev]
-            m0, ci0 = mean_ci95(start)
-            m1, ci1 = mean_ci95(final)
-            res["methods"][method] = {
-                "seeds": len(runs), "env_steps": float("nan"), "start": m0, "start_ci": ci0, "final": m1,
-                "final_ci": ci1, "start_per_seed": start, "final_per_seed": final,
-                "improved_nonoverlapping": bool(ci1[0] > ci0[1]),
-                "train_invalid_first": float("nan"), "train_invalid_last": float("nan"),
-                "episodes": len(runs) and iterations_of(runs[0]),
-            }
-            continue
-        data = [rows(r) for r in runs]
-        start = [d[0]["eval/return"] for d in data]
-        final = [d[-1]["eval/return"] for d in data]
-        steps = [d[-1]["env_steps"] for d in data]
-        inv0 = [d[1]["train/invalid"] for d in data]
-        inv1 = [d[-1]["train/invalid"] for d in data]
+        start, final = (list(x) for x in zip(*(start_final(r, ppo) for r in runs), strict=True))
+        curves = [training_curve(r, ppo) for r in runs]
+        steps = [c[-1]["env_steps"] for c in curves]
         m0, ci0 = mean_ci95(start)
         m1, ci1 = mean_ci95(final)
         res["methods"][method] = {
             "seeds": len(runs), "env_steps": float(np.mean(steps)), "start": m0, "start_ci": ci0, "final": m1,
             "final_ci": ci1, "start_per_seed": start, "final_per_seed": final,
             "improved_nonoverlapping": bool(ci1[0] > ci0[1]) and not overlap(ci0, ci1),
-            "train_invalid_first": float(np.mean(inv0)), "train_invalid_last": float(np.mean(inv1)),
+            "train_invalid_first": float(np.mean([c[0]["train/invalid"] for c in curves])),
+            "train_invalid_last": float(np.mean([c[-1]["train/invalid"] for c in curves])),
         }
         # training return against environment steps (mean over seeds, iteration by iteration)
-        n = min(len(d) for d in data)
-        xs = np.mean([[r["env_steps"] for r in d[1:n]] for d in data], axis=0)
-        ys = np.array([[r["train/return"] for r in d[1:n]] for d in data])
+        n = min(len(c) for c in curves)
+        xs = np.mean([[r["env_steps"] for r in c[:n]] for c in curves], axis=0)
+        ys = np.array([[r["train/return"] for r in c[:n]] for c in curves])
         k = 3
         smooth = np.array([np.convolve(y, np.ones(k) / k, mode="valid") for y in ys])
         mu = smooth.mean(axis=0)
