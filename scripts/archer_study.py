@@ -3,7 +3,7 @@ tic-tac-toe (random opponent) or twenty questions.
 
     python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 1 --img docs/img/archer
     python scripts/archer_study.py --env twenty_questions --out runs/archer_20q --iterations 10 \
-        --demos 300 --sft-epochs 4 --eval-episodes 54 --img docs/img/archer_20q
+        --demos 300 --sft-epochs 4 --eval-episodes 36 --img docs/img/archer_20q
 
 1. the starting policy: the tiny model (its tokenizer trained on the env's text) SFT'd on
    few expert demos (``--demos`` train-split episodes; ``--sft-epochs`` epochs), so that
