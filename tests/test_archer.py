@@ -277,3 +277,43 @@ def test_actor_kl_penalty_is_zero_against_itself_and_k3_by_hand(tiny_dir: Path, 
     want_kl = float((torch.expm1(d) - d).sum())
     assert want_kl > 1e-3 and m["kl"] == pytest.approx(want_kl, rel=1e-5)
     assert float((total - base).detach()) == pytest.approx(0.7 * want_kl, rel=1e-5)
+
+
+def test_actor_kl_under_lora_uses_the_adapter_disabled_model(tiny_dir: Path, tiny_tokenizer) -> None:
+    """With ``ref=None`` (the LoRA path) the reference is the base model: KL 0 while the
+    adapter is the identity, and after the adapter moves, the k3 sum against a separate copy of
+    the base weights."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.archer import ActorExample, ActorObjective
+    from turnrl.train.forward import pack, token_logps
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    start = copy.deepcopy(base)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    chat = ChatFormat(tiny_tokenizer)
+    enc = chat.encode([Message("user", "Board: 0 1 2"), Message("assistant", "Thought: centre\nAction: 4")],
+                      trainable_turns=[0])
+    assert enc is not None
+    examples = [ActorExample(enc, value=0.3, baseline=0.0)]
+    pad = tiny_tokenizer.pad_token_id or 0
+    objective = ActorObjective(4096, pad, None, 0.5)
+    _, m0 = objective(model, examples)
+    assert m0["kl"] == pytest.approx(0.0, abs=1e-6)
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    model.train()
+    _, m = objective(model, examples)
+    assert model.training  # the reference pass leaves the mode as it found it
+    batch = pack([enc], row_tokens=4096, pad_id=pad)
+    with torch.no_grad():
+        d = token_logps(start, batch) - token_logps(model, batch)
+    want = float((torch.expm1(d) - d).sum())
+    assert want > 1e-4 and m["kl"] == pytest.approx(want, rel=1e-4)

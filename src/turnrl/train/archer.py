@@ -61,6 +61,7 @@ Departures from the paper (and why):
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -316,7 +317,10 @@ class ActorExample:
 
 class ActorObjective:
     """ArCHer's actor loss ``-(q - b) * sum_h log pi``, plus ``kl_coef * sum_h k3(pi, pi_ref)``
-    over the sampled tokens when a reference model is given; units = sampled utterances."""
+    over the sampled tokens when ``kl_coef`` > 0; units = sampled utterances.
+
+    ``pi_ref`` is ``ref`` (a frozen copy of the starting policy) or, with ``ref=None``, the
+    trained model with its LoRA adapter disabled (under LoRA the base weights are the start)."""
 
     def __init__(self, row_tokens: int, pad_id: int, ref: Any = None, kl_coef: float = 0.0):
         self.row_tokens = row_tokens
@@ -346,13 +350,23 @@ class ActorObjective:
         losses, m = archer_actor_loss(padded, mask, value, base)
         total = losses.sum()
         metrics = {"advantage": float(m["advantage"].sum()), "logp": float(m["logp"].sum())}
-        if self.ref is not None and self.kl_coef > 0:
-            with torch.no_grad():
-                ref_lp = token_logps(self.ref, batch)
-            kl = kl_penalty(lp, ref_lp, "k3").sum()
+        if self.kl_coef > 0:
+            kl = kl_penalty(lp, self.ref_logps(model, batch), "k3").sum()
             total = total + self.kl_coef * kl
             metrics["kl"] = float(kl.detach())  # summed over tokens: per utterance once divided by units
         return total, metrics
+
+    @torch.no_grad()
+    def ref_logps(self, model: Any, batch: Any) -> torch.Tensor:
+        if self.ref is not None:
+            return token_logps(self.ref, batch)
+        was = model.training
+        model.eval()
+        try:
+            with model.disable_adapter():
+                return token_logps(model, batch)
+        finally:
+            model.train(was)
 
 
 # --------------------------------------------------------------------------- policies
@@ -443,10 +457,9 @@ class OnlineRun:
             if algo == "archer":
                 steps = max(1, (cfg.iterations - cfg.warmup_iterations) * cfg.actor_steps)
                 ref = None
-                if cfg.actor_kl > 0:  # the starting policy, frozen (loaded again: a resumed actor is not it)
-                    ref = load_model(model_name, dtype="float32" if mp == "no" else "auto").eval()
-                    ref.requires_grad_(False)
-                    ref.to(self.accelerator.device)
+                if cfg.actor_kl > 0 and actor_cfg.lora is None:
+                    # the starting policy, frozen: copied before a resumed state is loaded into the actor
+                    ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.accelerator.device)
                 objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0, ref, cfg.actor_kl)
             else:
                 from turnrl.train.sft import SFTObjective
