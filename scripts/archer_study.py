@@ -2,8 +2,9 @@
 tic-tac-toe (random opponent) or twenty questions.
 
     python scripts/archer_study.py --out runs/archer_study --seeds 0 1 2 --jobs 1 --img docs/img/archer
-    python scripts/archer_study.py --env twenty_questions --out runs/archer_20q --iterations 10 \
-        --demos 300 --sft-epochs 4 --eval-episodes 36 --img docs/img/archer_20q
+    python scripts/archer_study.py --env twenty_questions --out runs/archer_20q --iterations 6 \
+        --demos 300 --sft-epochs 12 --eval-episodes 24 --methods archer_kl filtered_bc chai ppo --jobs 2 \
+        --img docs/img/archer_20q
 
 1. the starting policy: the tiny model (its tokenizer trained on the env's text) SFT'd on
    few expert demos (``--demos`` train-split episodes; ``--sft-epochs`` epochs), so that
@@ -83,7 +84,7 @@ ENVS = {
     "twenty_questions": EnvSetup(
         "twenty_questions", "Play twenty questions: find the object by asking yes/no questions, then guess it "
         "(Is it a <object>?). Answer as:\nThought: <reason>\nAction: <question>", history=None,
-        max_new_tokens=48, row_tokens=2048, title="twenty questions", critic=("critic.max_state_tokens=512",),
+        max_new_tokens=48, row_tokens=2048, title="twenty questions", critic=("critic.max_state_tokens=512", "critic_steps=10"),
         ylabel="return (-1 a turn, -1 more if invalid; 20 turns)"),
 }
 #: the critic (ArCHer and CHAI): its encoder is the starting policy's transformer (``critic.encoder``
