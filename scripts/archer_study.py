@@ -80,7 +80,8 @@ ENVS = {
         "Thought: <reason>\nAction: <cell>", {"opponent": "random", "expert_ties": "ordered"},
         title="tic-tac-toe vs random", ylabel="return (win 1, loss -1, invalid move -1)"),
     #: the whole game so far in the prompt (the answers are the state); a short instruction
-    #: in place of the env's (which lists the 72 candidates and the questions)
+    #: in place of the env's (which lists the 72 candidates and the questions); 10 critic steps an
+    #: iteration, not 20, for CPU time (sampling the V targets' actions is the largest part of an iteration here)
     "twenty_questions": EnvSetup(
         "twenty_questions", "Play twenty questions: find the object by asking yes/no questions, then guess it "
         "(Is it a <object>?). Answer as:\nThought: <reason>\nAction: <question>", history=None,
