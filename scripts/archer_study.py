@@ -47,7 +47,8 @@ class EnvSetup:
     #: the plot's title and y label
     title: str = ""
     ylabel: str = "return"
-    #: the critic's overrides for this env (ArCHer and CHAI)
+    #: the critic's overrides for this env (ArCHer and CHAI); they come after the method's own
+    #: settings on the command line, so a key set in both (critic_steps) takes this value
     critic: tuple[str, ...] = ()
 
     def common(self) -> list[str]:
