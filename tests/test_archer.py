@@ -225,6 +225,26 @@ def test_joint_critic_reads_state_and_action_together(tiny_tokenizer) -> None:
     assert float(q_a[0]) != float(q_b[0])  # the action changes Q
 
 
+def test_repeated_states_are_encoded_once_with_the_same_values_and_gradients(tiny_tokenizer) -> None:
+    critic, _ = _critic(tiny_tokenizer)
+    seen: list[int] = []
+    critic.encoder.backbone.register_forward_hook(lambda m, args, kw, out: seen.append(kw["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    states = ["user: board A"] * 3 + ["user: board B"] * 2
+    s = critic.encode_states(states)
+    assert seen == [2]  # two distinct states, one row each
+    alone = torch.cat([critic.encode_states([t]) for t in states])
+    assert torch.allclose(s, alone, atol=1e-5)
+    # gradients flow through the shared rows as if each copy had been encoded
+    w = torch.arange(5.0).unsqueeze(-1)
+    (s * w).sum().backward()
+    g_shared = [p.grad.clone() for p in critic.encoder.parameters() if p.grad is not None]
+    critic.zero_grad()
+    (alone * w).sum().backward()
+    g_alone = [p.grad for p in critic.encoder.parameters() if p.grad is not None]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_shared, g_alone, strict=True))
+
+
 def test_normalize_advantages_hand_values() -> None:
     adv = torch.tensor([-1.0, -2.0, -3.0, -6.0])  # a lagging V: every raw advantage negative
     assert torch.equal(normalize_advantages(adv, "none"), adv)

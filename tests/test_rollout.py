@@ -92,6 +92,30 @@ def test_one_generate_call_per_step(tiny_model, tiny_tokenizer) -> None:
     assert len(engine.prompts) == sum(t.num_turns for t in trajs)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefill_samples_exactly_what_separate_prefills_do(tiny_model, tiny_tokenizer,
+                                                                   temperature: float) -> None:
+    """Runs of one prompt (k samples of a state) are prefilled once; the samples, their
+    log-probs and the random draws are those of prefilling every copy."""
+    import torch
+
+    chat = ChatFormat(tiny_tokenizer)
+    long, short = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8. " * 4), chat.tokenize_text("O won")
+    prompts = [long] * 3 + [short] * 2 + [chat.tokenize_text("A")] + [long]  # runs of 3, 2, 1, 1
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=10)
+    outs = []
+    for share in (True, False):
+        engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids, share_prefix=share)
+        torch.manual_seed(3)
+        outs.append(engine.generate(prompts, sampling))
+        assert engine.shared_rows == (3 if share else 0)
+    for shared, alone in zip(*outs, strict=True):
+        assert shared.token_ids == alone.token_ids and shared.finished == alone.finished
+        assert shared.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    if temperature > 0:  # the copies of one prompt are sampled independently
+        assert len({tuple(g.token_ids) for g in outs[0][:3]}) > 1
+
+
 def test_scripted_collections_do_not_depend_on_num_envs() -> None:
     a = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=20, num_envs=1, seed=3,
                    env_opts={"opponent": "noisy"})

@@ -6,12 +6,19 @@ and including the first stop token, with the log-probability of each sampled tok
 the model's own distribution (temperature 1, no top-p), which is what training computes.
 The HF engine runs every prompt of a step in one ``generate`` call (left padding); a vLLM
 engine with the same interface serves GPUs.
+
+Several samples of one prompt (Best-of-N, CHAI's ``k`` candidates, SPPO's ``K`` samples)
+arrive as consecutive copies of the same prompt. The HF engine then prefills each distinct
+prompt once and repeats its KV cache for the copies, instead of running the same prompt
+through the model once per copy; the sampling itself is unchanged (the same rows in the same
+order, so the same random draws).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -44,14 +51,18 @@ class Engine(Protocol):
 class HFEngine:
     """Batched sampling with ``transformers``' ``generate``."""
 
-    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int]):
+    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int], share_prefix: bool = True):
         self.model = model
+        #: prefill runs of identical consecutive prompts once (see the module docstring)
+        self.share_prefix = share_prefix
         self.tokenizer = tokenizer
         self.stop_token_ids = list(stop_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.stop_token_ids[0])
         #: number of ``generate`` calls made (benchmarks and tests read it)
         self.calls = 0
+        #: prompt rows whose prefill was shared with an identical prompt before them
+        self.shared_rows = 0
 
     @property
     def device(self) -> torch.device:
@@ -62,15 +73,19 @@ class HFEngine:
         if not prompts:
             return []
         self.calls += 1
+        counts = _runs(prompts) if self.share_prefix else [1] * len(prompts)
+        firsts = list(accumulate([0, *counts[:-1]]))
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            attn[i, width - len(p) :] = 1
+        ids, attn = _left_pad([prompts[i] for i in firsts], width, self.pad_id)
         greedy = sampling.temperature <= 0
         was_training = self.model.training
         self.model.eval()
+        kwargs: dict[str, Any] = {}
+        if len(counts) < len(prompts) and width > 1:
+            kwargs["past_key_values"] = self._prefill(ids, attn, counts)
+            self.shared_rows += len(prompts) - len(counts)
+        rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        ids, attn = ids[rows], attn[rows]
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),
@@ -83,6 +98,7 @@ class HFEngine:
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=True,
+            **kwargs,
         )
         if was_training:
             self.model.train()
@@ -100,3 +116,37 @@ class HFEngine:
                     break
             results.append(Generation(row[:n], logps[i, :n].tolist(), finished))
         return results
+
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, counts: list[int]) -> Any:
+        """The KV cache of every distinct prompt but its last token (which ``generate`` runs
+        to get the first logits), each row repeated ``counts`` times."""
+        from transformers import DynamicCache
+
+        head, mask = ids[:, :-1].to(self.device), attn[:, :-1].to(self.device)
+        # the positions ``generate`` gives a left-padded prompt
+        pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=head, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+                                   .to(self.device))
+        return cache
+
+
+def _runs(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Lengths of the runs of identical consecutive prompts: ``[a, a, b, a]`` -> ``[2, 1, 1]``."""
+    counts: list[int] = []
+    for i, p in enumerate(prompts):
+        if i and list(p) == list(prompts[i - 1]):
+            counts[-1] += 1
+        else:
+            counts.append(1)
+    return counts
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    return ids, attn

@@ -80,12 +80,18 @@ class TextEncoder(nn.Module):
         return got
 
     def forward(self, texts: Sequence[str], max_tokens: int, keep: Literal["left", "right"] = "right") -> torch.Tensor:
+        """One vector per text; a text that occurs several times (CHAI's ``k`` candidates of one
+        state) is encoded once."""
+        first: dict[str, int] = {}
+        where = [first.setdefault(t, len(first)) for t in texts]
+        if len(first) < len(texts):
+            return self(list(first), max_tokens, keep)[torch.tensor(where, device=self._device())]
         rows = []
         for t in texts:
             ids = self.ids(t) or [self.pad_id]
             rows.append(ids[-max_tokens:] if keep == "right" else ids[:max_tokens])
         width = max(len(r) for r in rows)
-        device = next(self.backbone.parameters()).device
+        device = self._device()
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
@@ -100,6 +106,10 @@ class TextEncoder(nn.Module):
             return hidden[torch.arange(hidden.shape[0], device=device), last]
         m = attn.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+
+
+    def _device(self) -> torch.device:
+        return next(self.backbone.parameters()).device
 
 
 def _mlp(inp: int, hidden: int) -> nn.Sequential:

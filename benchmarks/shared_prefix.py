@@ -1,0 +1,112 @@
+"""k samples per prompt: turnrl's HF engine (each prompt prefilled once, its KV cache
+repeated k times) vs ``transformers``' ``generate(num_return_sequences=k)`` (the prompt
+expanded k times and prefilled k times).
+
+This is the sampling of CHAI (k candidate replies per state), Best-of-N and SPPO (K samples
+per task). Both sides run the same model on the same prompts with the same sampling
+settings and seed; HF expands the prompts the same way (each prompt's copies next to each
+other), so both sample the same tokens, which the script checks.
+
+    python benchmarks/shared_prefix.py [--model DIR] [--prompts 16] [--k 5] [--prompt-tokens 600]
+                                       [--new-tokens 48] [--repeats 3]
+
+Time is the process's CPU time on a CPU (run with ``OMP_NUM_THREADS=1``: on a shared machine
+wall time mostly measures the other jobs) and wall time on a GPU. The last line is one JSON
+object with ``ratio`` = peer time / turnrl time (above 1: turnrl is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from turnrl.models.loading import load_model, load_tokenizer
+from turnrl.rollout.engine import HFEngine, SamplingConfig
+from turnrl.tokenization import ChatFormat
+
+
+def _clock(cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=600)
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    model_dir = args.model
+    if model_dir is None:
+        from turnrl.models.tiny import build_tiny
+
+        model_dir = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    cuda = torch.cuda.is_available()
+    model = load_model(model_dir).to("cuda" if cuda else "cpu").eval()
+    tok = load_tokenizer(model_dir)
+    chat = ChatFormat(tok)
+    gen = torch.Generator().manual_seed(0)
+    special = set(tok.all_special_ids)
+    vocab = [i for i in range(len(tok)) if i not in special]
+    # prompts of slightly different lengths, so that left padding is exercised
+    prompts = [[vocab[int(j)] for j in torch.randint(len(vocab), (args.prompt_tokens - 7 * i % 50,), generator=gen)]
+               for i in range(args.prompts)]
+    # no stop token: every row generates ``new_tokens``, on both sides
+    engine = HFEngine(model, tok, stop_token_ids=[], share_prefix=True)
+    engine.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), engine.pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    device = next(model.parameters()).device
+
+    def turnrl_side() -> list[list[int]]:
+        expanded = [p for p in prompts for _ in range(args.k)]
+        return [g.token_ids for g in engine.generate(expanded, sampling)]
+
+    @torch.inference_mode()
+    def hf_side() -> list[list[int]]:
+        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
+                             temperature=1.0, top_p=None, top_k=None, max_new_tokens=args.new_tokens,
+                             min_new_tokens=args.new_tokens, num_return_sequences=args.k,
+                             pad_token_id=engine.pad_id, eos_token_id=None)
+        return out[:, width:].tolist()
+
+    times: dict[str, list[float]] = {"turnrl": [], "hf": []}
+    same = True
+    for rep in range(args.repeats + 1):  # the first round warms up and is not timed
+        samples = {}
+        for name, fn in (("turnrl", turnrl_side), ("hf", hf_side)):
+            torch.manual_seed(rep)
+            t0 = _clock(cuda)
+            samples[name] = fn()
+            dt = _clock(cuda) - t0
+            if rep:
+                times[name].append(dt)
+        same = same and samples["turnrl"] == samples["hf"]
+    best = {name: min(ts) for name, ts in times.items()}
+    rows = len(prompts) * args.k
+    for name in ("turnrl", "hf"):
+        print(f"{name:7s} {best[name]:8.3f} s  {rows * args.new_tokens / best[name]:9.1f} generated tokens/s")
+    result = {"benchmark": "shared_prefix", "device": "cuda" if cuda else "cpu",
+              "clock": "wall" if cuda else "cpu", "prompts": len(prompts), "k": args.k,
+              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+              "turnrl_s": round(best["turnrl"], 3), "hf_s": round(best["hf"], 3),
+              "ratio": round(best["hf"] / best["turnrl"], 3), "same_samples": same}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
