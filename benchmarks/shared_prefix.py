@@ -25,7 +25,7 @@ import time
 import torch
 
 from turnrl.models.loading import load_model, load_tokenizer
-from turnrl.rollout.engine import HFEngine, SamplingConfig
+from turnrl.rollout.engine import HFEngine, SamplingConfig, _left_pad
 from turnrl.tokenization import ChatFormat
 
 
@@ -36,14 +36,22 @@ def _clock(cuda: bool) -> float:
     return time.process_time()
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--prompt-tokens", type=int, default=600)
-    ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=_positive, default=16)
+    ap.add_argument("--k", type=_positive, default=5)
+    ap.add_argument("--prompt-tokens", type=_positive, default=600,
+                    help="the longest prompt; the others are up to 49 tokens shorter (at least 1)")
+    ap.add_argument("--new-tokens", type=_positive, default=48)
+    ap.add_argument("--repeats", type=_positive, default=3)
     args = ap.parse_args()
     model_dir = args.model
     if model_dir is None:
@@ -58,18 +66,15 @@ def main() -> None:
     special = set(tok.all_special_ids)
     vocab = [i for i in range(len(tok)) if i not in special]
     # prompts of slightly different lengths, so that left padding is exercised
-    prompts = [[vocab[int(j)] for j in torch.randint(len(vocab), (args.prompt_tokens - 7 * i % 50,), generator=gen)]
+    prompts = [[vocab[int(j)] for j in torch.randint(len(vocab), (max(1, args.prompt_tokens - 7 * i % 50),),
+                                                     generator=gen)]
                for i in range(args.prompts)]
     # no stop token: every row generates ``new_tokens``, on both sides
     engine = HFEngine(model, tok, stop_token_ids=[], share_prefix=True)
     engine.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), engine.pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
+    ids, attn = _left_pad(prompts, width, engine.pad_id)
     device = next(model.parameters()).device
 
     def turnrl_side() -> list[list[int]]:

@@ -80,11 +80,12 @@ class HFEngine:
         greedy = sampling.temperature <= 0
         was_training = self.model.training
         self.model.eval()
+        # row i of the batch is distinct prompt rows[i]
+        rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         kwargs: dict[str, Any] = {}
         if len(counts) < len(prompts) and width > 1:
-            kwargs["past_key_values"] = self._prefill(ids, attn, counts)
+            kwargs["past_key_values"] = self._prefill(ids, attn, rows)
             self.shared_rows += len(prompts) - len(counts)
-        rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         ids, attn = ids[rows], attn[rows]
         out = self.model.generate(
             input_ids=ids.to(self.device),
@@ -117,9 +118,9 @@ class HFEngine:
             results.append(Generation(row[:n], logps[i, :n].tolist(), finished))
         return results
 
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, counts: list[int]) -> Any:
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs
-        to get the first logits), each row repeated ``counts`` times."""
+        to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``."""
         from transformers import DynamicCache
 
         head, mask = ids[:, :-1].to(self.device), attn[:, :-1].to(self.device)
@@ -127,8 +128,7 @@ class HFEngine:
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=head, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-        cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-                                   .to(self.device))
+        cache.batch_select_indices(rows.to(self.device))
         return cache
 
 

@@ -107,7 +107,6 @@ class TextEncoder(nn.Module):
         m = attn.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
 
-
     def _device(self) -> torch.device:
         return next(self.backbone.parameters()).device
 
