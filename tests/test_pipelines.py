@@ -135,8 +135,13 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     it = iteration_rows(recs)
     assert [r["iteration"] for r in it] == [0, 1, 2]
     assert it[1]["avg_reward"] == 0.0
+    assert rows["sft"]["vs_sft"] is None
+    m, ci = mean_ci95([0.5, 0.5, 0.5])  # paired with the same seed's SFT: 0.6-0.1, 0.7-0.2, 0.65-0.15
+    assert rows["eto"]["vs_sft"] == {"mean": pytest.approx(0.5), "ci95": pytest.approx(list(ci), abs=1e-4),
+                                     "seeds": 3}
     v = verdicts(CompareConfig(methods=["sft", "eto"]), list(rows.values()))
-    assert any("eto vs sft" in line and "above (CIs do not overlap)" in line for line in v)
+    assert any("eto vs sft" in line and "above (CIs do not overlap)" in line
+               and "paired difference +0.500" in line and "(above 0)" in line for line in v)
     one = aggregate([_rec("sft", 0, "seen", 0.1), _rec("eto", 0, "seen", 0.9, iteration=1)])
     assert "no verdict" in verdicts(CompareConfig(methods=["sft", "eto"]), one)[0]
     recs += [_rec("sppo", s, "seen", r, iteration=3) for s, r in enumerate([0.3, 0.1, 0.2])]
@@ -146,7 +151,11 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
                                                            ("sppo", 3), ("sppo_dpo", 0), ("sppo_dpo", 3)]
     assert it[3]["avg_reward"] == pytest.approx(0.15) and it[4]["avg_reward"] == pytest.approx(0.2)
     v = verdicts(CompareConfig(methods=["sft", "eto", "sppo", "sppo_dpo"]), aggregate(recs))
-    assert any(line.startswith("- sppo vs sft") and "not separated" in line for line in v)
+    assert any(line.startswith("- sppo vs sft") and "not separated" in line
+               and "+0.050 [" in line and "(contains 0)" in line for line in v)
+    # a seed whose SFT agent is missing is left out of the pairing, not paired with another seed's
+    partial = aggregate([r for r in recs if not (r["method"] == "sft" and r["seed"] == 2)])
+    assert next(r for r in partial if r["method"] == "eto")["vs_sft"]["seeds"] == 2
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
 
 
@@ -274,6 +283,7 @@ def test_killed_pipeline_resumes_to_the_same_result(tiny_dir: Path, sft_agent: s
 
 def test_report_and_plots_from_records(tmp_path: Path) -> None:
     from turnrl.pipelines.compare import CompareConfig, aggregate, plot_all, report
+    from turnrl.stats import mean_ci95
 
     cfg = CompareConfig(dmpo_gammas=[0.1, 0.9])
     recs: list[dict[str, Any]] = []
@@ -296,6 +306,8 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     rows = aggregate(recs)
     md = report(cfg, rows, recs)
     assert "| eto | seen | 3 | 0.700 |" in md
+    m, (lo, hi) = mean_ci95([0.5, 0.49, 0.48])  # ETO 0.7 minus SFT 0.20, 0.21, 0.22
+    assert f"| {m:+.3f} [{lo:.3f}, {hi:.3f}] |" in md
     assert "DMPO gamma=0.1 0.610" in md and "DPO 0.600" in md  # compared with ETO's first iteration
     plot_all(cfg, recs, rows, tmp_path)
     for name in ("reward_by_method", "reward_by_iteration", "dmpo_gamma", "loser_length"):

@@ -264,9 +264,14 @@ def final_records(records: list[Record]) -> list[Record]:
 
 
 def aggregate(records: list[Record]) -> list[Record]:
-    """Per (method, split): mean avg reward and success over seeds with 95% CIs across seeds."""
+    """Per (method, split): mean avg reward and success over seeds with 95% CIs across seeds,
+    and ``vs_sft``: the paired difference from the SFT agent of the same seed (mean and 95% CI
+    over the seeds both have). Every method starts from its seed's SFT agent, so the paired
+    difference removes the seed-to-seed spread of the start that widens both rows' CIs."""
     groups: dict[tuple[str, str], list[Record]] = {}
-    for r in final_records(records):
+    finals = final_records(records)
+    sft = {(r["seed"], r["split"]): r["avg_reward"] for r in finals if r["method"] == "sft"}
+    for r in finals:
         groups.setdefault((r["method"], r["split"]), []).append(r)
     rows: list[Record] = []
     for (method, split), rs in groups.items():
@@ -280,8 +285,17 @@ def aggregate(records: list[Record]) -> list[Record]:
                      "success_ci95": [round(sci[0], 4), round(sci[1], 4)], "invalid_action_rate": round(inv, 4),
                      "avg_turns": round(turns, 3), "per_seed": [r["avg_reward"] for r in rs],
                      **{k: rs[0].get(k) for k in ("loss", "gamma", "losers", "truncate_k") if k in rs[0]},
-                     "loser_turns": _mean([r.get("loser_turns") for r in rs])})
+                     "loser_turns": _mean([r.get("loser_turns") for r in rs]),
+                     "vs_sft": _paired(rs, sft) if method != "sft" else None})
     return rows
+
+
+def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | None:
+    diffs = [r["avg_reward"] - sft[(r["seed"], r["split"])] for r in rs if (r["seed"], r["split"]) in sft]
+    if not diffs:
+        return None
+    m, (lo, hi) = mean_ci95(diffs)
+    return {"mean": round(m, 4), "ci95": [round(lo, 4), round(hi, 4)], "seeds": len(diffs)}
 
 
 def _mean(xs: list[Any]) -> float | None:
@@ -298,9 +312,14 @@ def _versus(r: Record, base: Record) -> str:
     head = f"{r['avg_reward']:.3f} {_ci(r)} vs {base['avg_reward']:.3f} {_ci(base)} -> "
     if min(r["seeds"], base["seeds"]) < 2:
         return head + "one seed: no CI across seeds, no verdict"
+    paired = ""
+    d = r.get("vs_sft") if base["method"] == "sft" else None
+    if d is not None and d["seeds"] >= 2:
+        side = "above 0" if d["ci95"][0] > 0 else "below 0" if d["ci95"][1] < 0 else "contains 0"
+        paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({side})"
     if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
-        return head + "**above (CIs do not overlap)**"
-    return head + "not separated"
+        return head + "**above (CIs do not overlap)**" + paired
+    return head + "not separated" + paired
 
 
 def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
@@ -369,13 +388,17 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str
         "# turnrl compare", "",
         f"Env `{p.env}` {json.dumps(p.env_opts)}, seeds {cfg.seeds}, {p.eval_episodes} greedy episodes per split and "
         f"seed (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task). Avg reward and success: mean over "
-        "seeds of each seed's mean, with a 95% CI across seeds (Student t).", "",
-        "| method | split | seeds | avg reward | 95% CI | success | 95% CI | invalid | loser turns |",
-        "|---|---|---:|---:|---|---:|---|---:|---:|",
+        "seeds of each seed's mean, with a 95% CI across seeds (Student t). Minus SFT, paired: the mean over seeds of "
+        "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI.", "",
+        "| method | split | seeds | avg reward | 95% CI | minus SFT, paired [95% CI] | success | 95% CI | invalid "
+        "| loser turns |",
+        "|---|---|---:|---:|---|---|---:|---|---:|---:|",
     ]
     for r in rows:
         lt = "" if r.get("loser_turns") is None else f"{r['loser_turns']:.2f}"
-        lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | "
+        d = r.get("vs_sft")
+        paired = "" if d is None else f"{d['mean']:+.3f} {_ci(d)}"
+        lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | {paired} | "
                      f"{r['success_rate']:.3f} | [{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
                      f"{r['invalid_action_rate']:.3f} | {lt} |")
     it = iteration_rows(records)
