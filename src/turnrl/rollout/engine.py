@@ -16,6 +16,7 @@ order, so the same random draws).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -84,7 +85,8 @@ class HFEngine:
         rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         kwargs: dict[str, Any] = {}
         if len(counts) < len(prompts) and width > 1:
-            kwargs["past_key_values"] = self._prefill(ids, attn, rows)
+            name = _cache_kwarg(self.model)
+            kwargs[name] = self._prefill(ids, attn, rows, name)
             self.shared_rows += len(prompts) - len(counts)
         ids, attn = ids[rows], attn[rows]
         out = self.model.generate(
@@ -118,7 +120,7 @@ class HFEngine:
             results.append(Generation(row[:n], logps[i, :n].tolist(), finished))
         return results
 
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, cache_kwarg: str) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs
         to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``."""
         from transformers import DynamicCache
@@ -127,9 +129,18 @@ class HFEngine:
         # the positions ``generate`` gives a left-padded prompt
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=head, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        self.model(input_ids=head, attention_mask=mask, position_ids=pos, use_cache=True,
+                   **{cache_kwarg: cache})
         cache.batch_select_indices(rows.to(self.device))
         return cache
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The name under which this transformers version takes a KV cache: ``cache`` since 5.24
+    (``past_key_values`` is deprecated there and removed from ``forward`` in 5.40), else
+    ``past_key_values``. A PEFT wrapper forwards keyword arguments: ask the model it wraps."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _runs(prompts: Sequence[Sequence[int]]) -> list[int]:
