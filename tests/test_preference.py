@@ -113,6 +113,24 @@ def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
     assert len(P.trajectory_pairs(experts, bad, losers="noisy")) == 2
 
 
+def test_diverge_turn_is_the_first_agent_turn_whose_context_or_reply_differs() -> None:
+    expert = _traj("a", ["1", "2", "3"], 1.0, source="expert")
+    assert P.diverge_turn(expert, _traj("a", ["4", "2", "3"], 0.0)) == 0
+    assert P.diverge_turn(expert, _traj("a", ["1", "5", "6"], 0.0)) == 1
+    assert P.diverge_turn(expert, _traj("a", ["1", "2"], 0.0)) == 2  # the shorter one's whole game
+    assert P.diverge_turn(expert, expert) == 3
+    same_cell = _traj("a", ["1", "2", "3"], 0.0)
+    same_cell.messages[4] = replace(same_cell.messages[4], content="Thought: other.\nAction: 2")
+    assert P.diverge_turn(expert, same_cell) == 1  # the same action, other words
+    other_obs = _traj("a", ["1", "2", "3"], 0.0)
+    other_obs.messages[3] = replace(other_obs.messages[3], content="the opponent played elsewhere")
+    assert P.diverge_turn(expert, other_obs) == 1  # turn 1's context differs
+    pairs = P.trajectory_pairs([expert], [_traj("a", ["1", "5"], -1.0), _traj("b", ["1"], 0.0)])
+    assert [p.meta["diverge_turn"] for p in pairs] == [1]
+    sp = P.self_play_pairs([_traj("b", ["1", "2"], 1.0), _traj("b", ["1", "7"], -1.0)])
+    assert sp[0].meta["diverge_turn"] == 1
+
+
 def test_degenerate_reasons() -> None:
     assert P.degenerate_reason(_traj("a", ["1", "2"], 0)) is None
     t = _traj("a", ["1"], 0)

@@ -16,6 +16,13 @@ All builders are pure functions of trajectories; ``turnrl pairs`` reads and writ
   task under the environment-reward oracle ``P(i > j) = sigmoid((r_i - r_j) / tau)``, ties 1/2
   (``meta["win_rate"]``). The oracle interface itself is :class:`RewardOracle`.
 
+Trajectory and self-play pairs record ``meta["diverge_turn"]`` (:func:`diverge_turn`): the
+first agent turn at which the two sides differ. Against a seeded opponent a greedy agent that
+copies the expert shares the expert's game up to its first departure, so on tic-tac-toe most
+pairs part at turn 1 or 2, not 0; DMPO's phi(t, T) counts turns from the start, so it weighs
+the turn where a pair differs by phi(d, T), which is small for a small gamma
+(docs/methods/dmpo.md).
+
 Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`: a loser
 with an invalid action, a turn without a parseable action, an action repeated
 ``max_repeats`` times in a row, or gibberish text is dropped; "noisy" keeps them.
@@ -36,6 +43,7 @@ LoserSetting = Literal["clean", "noisy"]
 __all__ = [
     "RewardOracle",
     "degenerate_reason",
+    "diverge_turn",
     "scored_samples",
     "self_play_pairs",
     "step_pairs",
@@ -59,6 +67,18 @@ def truncate_turns(traj: Trajectory, turns: int) -> Trajectory:
     rewards = list(traj.rewards[:turns])
     return replace(traj, messages=out, rewards=rewards, return_=float(sum(rewards)), success=False,
                    terminated=False, truncated=True, meta={**traj.meta, "truncated_to_turns": turns})
+
+
+def diverge_turn(a: Trajectory, b: Trajectory) -> int:
+    """The first agent turn whose context or reply differs between ``a`` and ``b``: the number
+    of agent turns in their common message prefix (that of the shorter one when one holds the
+    other's messages whole)."""
+    turns = 0
+    for x, y in zip(a.messages, b.messages, strict=False):
+        if x.role != y.role or x.content != y.content:
+            break
+        turns += x.role == "assistant"
+    return turns
 
 
 def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
@@ -137,7 +157,8 @@ def trajectory_pairs(
         if truncate_k is not None:
             lose = truncate_turns(lose, win.num_turns + truncate_k)
         pairs.append(Pair(x.task_id, win, lose, {
-            "kind": "trajectory", "chosen_return": win.return_, "rejected_return": lose.return_,
+            "kind": "trajectory", "diverge_turn": diverge_turn(win, lose),
+            "chosen_return": win.return_, "rejected_return": lose.return_,
             "chosen_source": win.source, "rejected_source": lose.source, "losers": losers}))
     stats["pairs"] = stats.get("pairs", 0) + len(pairs)
     return pairs
@@ -201,7 +222,8 @@ def self_play_pairs(
             continue
         if not _keep_loser(worst, losers, stats):
             continue
-        pairs.append(Pair(task, best, worst, {"kind": "self_play", "chosen_return": best.return_,
+        pairs.append(Pair(task, best, worst, {"kind": "self_play", "diverge_turn": diverge_turn(best, worst),
+                                              "chosen_return": best.return_,
                                               "rejected_return": worst.return_, "losers": losers}))
     stats["pairs"] = stats.get("pairs", 0) + len(pairs)
     return pairs
