@@ -71,6 +71,37 @@ def test_config_unknown_key_is_one_line() -> None:
         load_config(EtoConfig, overrides=["loss=kto"])
 
 
+def test_invalid_reply_settings_reach_every_rollout_of_the_pipelines(tmp_path: Path) -> None:
+    """``invalid_action`` / ``invalid_penalty`` of an agent pipeline decide what an invalid reply
+    does in its rollouts (here: ends a tic-tac-toe game at -1), and SPPO's compare seeds inherit
+    them from the compare config's pipeline."""
+    from types import SimpleNamespace
+
+    from turnrl.pipelines.eto import EtoConfig, _play
+    from turnrl.pipelines.sppo import compare_config
+    from turnrl.rollout.policies import Reply
+    from turnrl.rollout.sampler import EpisodeSpec
+
+    class Occupier:  # plays the centre, then the centre again
+        name = "occupier"
+
+        def act(self, requests: Any) -> list[Reply]:
+            return [Reply("Thought: centre.\nAction: 4") for _ in requests]
+
+    specs = [EpisodeSpec(i, "train", f"ttt-s{i}", i) for i in range(3)]
+    strict = EtoConfig(invalid_action="end", invalid_penalty=-1.0)
+    trajs = _play(Occupier(), strict, specs, tmp_path / "strict.jsonl")
+    assert [(t.num_turns, t.return_, t.success) for t in trajs] == [(2, -1.0, False)] * 3
+    lenient = _play(Occupier(), EtoConfig(), specs, tmp_path / "lenient.jsonl")
+    assert all(t.num_turns > 2 for t in lenient)  # a random legal move was played for it
+    run = SimpleNamespace(pipe=strict, sft="sft-model", dir=tmp_path, cfg=SimpleNamespace(sppo={}))
+    sppo = compare_config(run)
+    assert (sppo.invalid_action, sppo.invalid_penalty) == ("end", -1.0)
+    assert sppo.eto_view().prompt().invalid_penalty == -1.0
+    with pytest.raises(TurnRLError, match=r"bad value for 'invalid_action'"):
+        load_config(EtoConfig, overrides=["invalid_action=stop"])
+
+
 def test_config_cross_checks() -> None:
     from turnrl.pipelines.compare import CompareConfig, _check
     from turnrl.pipelines.eto import EtoConfig

@@ -64,13 +64,13 @@ class CompareConfig(Config):
     dmpo_gammas: list[float] = [0.1, 0.5, 0.9]
     loser_settings: list[Literal["clean", "noisy"]] = ["clean", "noisy"]
     truncate_ks: list[int] = [0]
+    """Loser-length study: losers cut to the winner's turns plus k (empty: no study)."""
     sppo: dict[str, Any] = {}
     """Methods ``sppo`` / ``sppo_dpo``: :class:`~turnrl.pipelines.sppo.SPPOConfig` keys over
     the shared ``pipeline`` settings (e.g. ``train``, ``oracle``, ``select``, ``train_tasks``)."""
     dpo_from_eto: bool = True
     """The DPO baseline in ``pipeline.losers`` is ETO's first iteration (the same agent,
     exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
-    """Loser-length study: losers cut to the winner's turns plus k (empty: no study)."""
 
 
 @dataclass

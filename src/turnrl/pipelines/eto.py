@@ -89,6 +89,13 @@ class AgentPipelineConfig(Config):
     instruction: str | None = PROMPT.instruction
     """Replaces the env's instruction (default: the quickstart's short tic-tac-toe prompt)."""
     history: int | None = PROMPT.history
+    invalid_action: Literal["random", "error", "end"] = "random"
+    """What a reply without a valid action does, in exploration, sampling and evaluation alike:
+    ``random`` plays a random valid action for it, ``error`` shows an error observation, ``end``
+    ends the episode (:class:`~turnrl.agent.prompting.PromptConfig`)."""
+    invalid_penalty: float = 0.0
+    """Added to the reward of a turn without a valid action (``end`` with -1: an invalid move
+    loses a tic-tac-toe game)."""
     model: str | None = None
     """The starting agent; None = SFT ``base`` on ``expert_episodes`` expert demos (OUT/sft)."""
     base: str = "tiny"
@@ -105,7 +112,8 @@ class AgentPipelineConfig(Config):
     max_new_tokens: int = 48
 
     def prompt(self) -> PromptConfig:
-        return PromptConfig(instruction=self.instruction, history=self.history)
+        return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
+                            invalid_penalty=self.invalid_penalty)
 
     def check_eval_splits(self) -> None:
         """One line for an unknown split in ``eval_splits``."""
@@ -268,7 +276,8 @@ def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajec
     write_jsonl(out, pairs)
     n = max(1, len(pairs))
     return {**stats, "pairs": len(pairs), "avg_rejected_turns": sum(p.rejected.num_turns for p in pairs) / n,
-            "avg_chosen_turns": sum(p.chosen.num_turns for p in pairs) / n}
+            "avg_chosen_turns": sum(p.chosen.num_turns for p in pairs) / n,
+            "avg_diverge_turn": sum(p.meta.get("diverge_turn", p.meta.get("train_from_turn", 0)) for p in pairs) / n}
 
 
 def train_pairs(cfg: EtoConfig, model: str, pairs: Path, out: Path, i: int) -> str:

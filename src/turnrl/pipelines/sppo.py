@@ -239,7 +239,8 @@ def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
     ``select``, ``train_tasks``) on top. An unknown key there is a one-line error."""
     pipe = run.pipe
     shared: dict[str, Any] = dict(env=pipe.env, env_opts=pipe.env_opts, instruction=pipe.instruction,
-                                  history=pipe.history, model=run.sft, expert_episodes=pipe.expert_episodes,
+                                  history=pipe.history, invalid_action=pipe.invalid_action,
+                                  invalid_penalty=pipe.invalid_penalty, model=run.sft, expert_episodes=pipe.expert_episodes,
                                   train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
                                   samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
                                   eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes,
