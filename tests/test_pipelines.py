@@ -340,6 +340,11 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     m, (lo, hi) = mean_ci95([0.5, 0.49, 0.48])  # ETO 0.7 minus SFT 0.20, 0.21, 0.22
     assert f"| {m:+.3f} [{lo:.3f}, {hi:.3f}] |" in md
     assert "DMPO gamma=0.1 0.610" in md and "DPO 0.600" in md  # compared with ETO's first iteration
+    assert "random valid action played for it" in md and "Best-of-10" in md
+    strict = cfg.model_copy(update={"methods": ["sft", "eto"], "pipeline": cfg.pipeline.model_copy(
+        update={"invalid_action": "end", "invalid_penalty": -1.0})})
+    head = report(strict, rows, recs).split("\n")[2]
+    assert "ends the episode, reward -1)" in head and "Best-of" not in head
     plot_all(cfg, recs, rows, tmp_path)
     for name in ("reward_by_method", "reward_by_iteration", "dmpo_gamma", "loser_length"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000

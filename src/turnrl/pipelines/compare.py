@@ -384,10 +384,17 @@ def iteration_rows(records: list[Record]) -> list[Record]:
 
 def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str:
     p = cfg.pipeline
+    invalid = ("a reply without a valid action gets a random valid action played for it" if p.invalid_action == "random"
+               else "a reply without a valid action gets an error observation" if p.invalid_action == "error"
+               else "a reply without a valid action ends the episode")
+    if p.invalid_penalty:
+        invalid += f", reward {p.invalid_penalty:+g}"
+    bon = (f" (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task)" if "best_of_n" in cfg.methods
+           else "")
     lines = [
         "# turnrl compare", "",
-        f"Env `{p.env}` {json.dumps(p.env_opts)}, seeds {cfg.seeds}, {p.eval_episodes} greedy episodes per split and "
-        f"seed (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task). Avg reward and success: mean over "
+        f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}, {p.eval_episodes} greedy episodes per "
+        f"split and seed{bon}. Avg reward and success: mean over "
         "seeds of each seed's mean, with a 95% CI across seeds (Student t). Minus SFT, paired: the mean over seeds of "
         "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI.", "",
         "| method | split | seeds | avg reward | 95% CI | minus SFT, paired [95% CI] | success | 95% CI | invalid "
