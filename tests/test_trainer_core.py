@@ -253,6 +253,22 @@ def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.filterwarnings("error:.*gradient_checkpointing_enable.*:FutureWarning")
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_changes_no_loss_or_gradient(tmp_path: Path, lora: bool) -> None:
+    """Recomputing activations in the backward pass gives the same losses and gradient norms,
+    through the API the installed transformers names (no deprecation warning)."""
+    kw: dict[str, Any] = {"max_steps": 3, "lora": LoraSettings(r=4, alpha=8, dropout=0.0) if lora else None}
+    plain, _ = run(tmp_path / "plain", base_cfg(**kw))
+    ckpt, _ = run(tmp_path / "ckpt", base_cfg(gradient_checkpointing=True, **kw))
+    base = ckpt.unwrapped_model.get_base_model() if lora else ckpt.unwrapped_model
+    assert base.model.gradient_checkpointing  # it was switched on
+    a, b = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "ckpt")
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-5)
+    assert [r["grad_norm"] for r in a] == pytest.approx([r["grad_norm"] for r in b], rel=1e-4)
+    assert not (plain.unwrapped_model.get_base_model() if lora else plain.unwrapped_model).model.gradient_checkpointing
+
+
 def test_lr_warmup_then_cosine(tmp_path: Path) -> None:
     lr, total, warmup = 1e-3, 10, 2
     _, res = run(tmp_path, base_cfg(lr=lr, max_steps=total, warmup_ratio=0.2))

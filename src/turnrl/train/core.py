@@ -372,7 +372,12 @@ class Trainer:
                 ),
             )
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers >= 5.24 names it activation checkpointing (the old name warns, and goes in 6)
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
                 model.config.use_cache = False
             if _is_peft(model):
