@@ -78,7 +78,7 @@ def _parse(ap: argparse.ArgumentParser, v: str) -> tuple[str, str, float, str]:
         loss, gamma, start = parts
         g = float(gamma)
     except ValueError:
-        ap.error(f"--variants: bad variant {v!r}; expected dmpo-GAMMA-start, dmpo-GAMMA-div or dpo-start")
+        loss, g, start = "", 0.0, ""
     if loss != "dmpo" or start not in ("start", "div") or not 0 < g < 1:
         ap.error(f"--variants: bad variant {v!r}; expected dmpo-GAMMA-start, dmpo-GAMMA-div or dpo-start")
     return v, loss, g, start

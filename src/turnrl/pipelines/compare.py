@@ -382,11 +382,14 @@ def iteration_rows(records: list[Record]) -> list[Record]:
     return out
 
 
+#: what a reply without a valid action does, by ``pipeline.invalid_action`` (the report's header)
+_INVALID_RULE = {"random": "gets a random valid action played for it", "error": "gets an error observation",
+                 "end": "ends the episode"}
+
+
 def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str:
     p = cfg.pipeline
-    invalid = ("a reply without a valid action gets a random valid action played for it" if p.invalid_action == "random"
-               else "a reply without a valid action gets an error observation" if p.invalid_action == "error"
-               else "a reply without a valid action ends the episode")
+    invalid = "a reply without a valid action " + _INVALID_RULE[p.invalid_action]
     if p.invalid_penalty:
         invalid += f", reward {p.invalid_penalty:+g}"
     bon = (f" (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task)" if "best_of_n" in cfg.methods

@@ -64,6 +64,8 @@ class HFEngine:
         self.calls = 0
         #: prompt rows whose prefill was shared with an identical prompt before them
         self.shared_rows = 0
+        #: the keyword under which the model takes a KV cache (see :func:`_cache_kwarg`)
+        self.cache_kwarg = _cache_kwarg(model)
 
     @property
     def device(self) -> torch.device:
@@ -85,8 +87,7 @@ class HFEngine:
         rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
         kwargs: dict[str, Any] = {}
         if len(counts) < len(prompts) and width > 1:
-            name = _cache_kwarg(self.model)
-            kwargs[name] = self._prefill(ids, attn, rows, name)
+            kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows)
             self.shared_rows += len(prompts) - len(counts)
         ids, attn = ids[rows], attn[rows]
         out = self.model.generate(
@@ -120,7 +121,7 @@ class HFEngine:
             results.append(Generation(row[:n], logps[i, :n].tolist(), finished))
         return results
 
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, cache_kwarg: str) -> Any:
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs
         to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``."""
         from transformers import DynamicCache
@@ -130,7 +131,7 @@ class HFEngine:
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache = DynamicCache(config=self.model.config)
         self.model(input_ids=head, attention_mask=mask, position_ids=pos, use_cache=True,
-                   **{cache_kwarg: cache})
+                   **{self.cache_kwarg: cache})
         cache.batch_select_indices(rows.to(self.device))
         return cache
 
