@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,26 @@ def test_config_unknown_key_is_one_line() -> None:
         load_config(EtoConfig, overrides=["train.betta=0.1"])
     with pytest.raises(TurnRLError, match=r"bad value for 'loss'"):
         load_config(EtoConfig, overrides=["loss=kto"])
+
+
+def test_config_error_names_the_override_or_the_file_line_that_set_the_key(tmp_path: Path) -> None:
+    from turnrl.pipelines.eto import EtoConfig
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env: tictactoe\niterations: 2\ntrain:\n  lr: 1.0e-5\n  beta: oops\n")
+    with pytest.raises(TurnRLError) as e:
+        load_config(EtoConfig, cfg)
+    assert str(e.value).startswith(f"{cfg}:5: bad value for 'train.beta'")
+    # a bad override is reported against the override, not the file it overrides
+    with pytest.raises(TurnRLError) as e:
+        load_config(EtoConfig, cfg, ["train.beta=0.1", "iterations=many"])
+    assert str(e.value).startswith("override 'iterations=many': bad value for 'iterations'")
+    with pytest.raises(TurnRLError) as e:
+        load_config(EtoConfig, cfg, ["train.beta=0.1", "train.lrr=1"])
+    assert str(e.value).startswith("override 'train.lrr=1': unknown key 'train.lrr'")
+    cfg.write_text("env: tictactoe\ntrain:\n  lr: 1.0e-5\n  betta: 0.1\n")
+    with pytest.raises(TurnRLError, match=rf"^{re.escape(str(cfg))}:4: unknown key 'train.betta'"):
+        load_config(EtoConfig, cfg)
 
 
 def test_invalid_reply_settings_reach_every_rollout_of_the_pipelines(tmp_path: Path) -> None:

@@ -86,22 +86,61 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
     return f"{source}: bad value for '{key}': {first.get('msg')} (got {first.get('input')!r})"
 
 
+def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest key of ``loc`` present in the YAML ``text`` (None if none)."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            if hit is None:
+                break
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _error_source(loc: tuple[Any, ...], overrides: list[str], path: Path | None, text: str) -> str:
+    """Where the bad key of ``loc`` was set: the override naming it, else the file and line."""
+    parts = [str(p) for p in loc]
+    for n in range(len(parts), 0, -1):  # the override of the key itself or of a section above it
+        dotted = ".".join(parts[:n])
+        for item in reversed(overrides):
+            if item.split("=", 1)[0].strip() == dotted:
+                return f"override '{item}'"
+    if path is None:
+        return "config"
+    line = _yaml_line(text, loc)
+    return f"{path}:{line}" if line is not None else str(path)
+
+
 def load_config(
     cls: type[C],
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     base: dict[str, Any] | None = None,
 ) -> C:
-    """Build ``cls`` from defaults < ``base`` < YAML file ``path`` < ``overrides``."""
+    """Build ``cls`` from defaults < ``base`` < YAML file ``path`` < ``overrides``.
+
+    A bad key or value is a one-line error naming where it was set: the override
+    (``override 'train.lr=x'``) or the file and line (``configs/c.yaml:12``).
+    """
     data: dict[str, Any] = dict(base or {})
-    source = "config"
-    if path is not None:
-        p = Path(path)
-        source = str(p)
+    p = Path(path) if path is not None else None
+    text = ""
+    if p is not None:
         if not p.is_file():
             raise TurnRLError(f"{p}: config file not found")
+        text = p.read_text()
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
@@ -112,9 +151,9 @@ def load_config(
     extra = parse_overrides(overrides)
     if extra:
         data = merge(data, extra)
-        if path is None:
-            source = "override"
     try:
         return cls.model_validate(data)
     except ValidationError as e:
+        loc = tuple(e.errors()[0].get("loc", ()))
+        source = _error_source(loc, overrides or [], p, text)
         raise TurnRLError(format_validation_error(cls, e, source)) from None
