@@ -211,6 +211,20 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
 
 
+def test_report_tables_round_a_statistic_once() -> None:
+    """SFT's CI in the method table and in the by-iteration table is one number printed twice:
+    these ten seeds' lower bound is 0.45549..., which rounding to 4 decimals first turned into
+    0.456 in one table while the other printed 0.455."""
+    from turnrl.pipelines.compare import _ci, aggregate, iteration_rows
+
+    sft = [0.545, 0.33, 0.61, 0.66, 0.36, 0.66, 0.52, 0.59, 0.58, 0.51]
+    recs = [_rec("sft", s, "seen", r) for s, r in enumerate(sft)]
+    recs += [_rec("sppo", s, "seen", 0.6, iteration=3) for s in range(10)]
+    row = next(r for r in aggregate(recs) if r["method"] == "sft")
+    it0 = next(r for r in iteration_rows(recs) if r["iteration"] == 0)
+    assert _ci(row) == _ci(it0) == "[0.455, 0.618]"
+
+
 # ----------------------------------------------------------------------------- kill and resume
 
 DRIVER = """

@@ -280,10 +280,9 @@ def aggregate(records: list[Record]) -> list[Record]:
         inv, _ = mean_ci95([r["invalid_action_rate"] for r in rs])
         turns, _ = mean_ci95([r["avg_turns"] for r in rs])
         rows.append({"method": method, "split": split, "seeds": len(rs), "env": rs[0]["env"],
-                     "episodes_per_seed": rs[0]["episodes"], "avg_reward": round(rew, 4),
-                     "ci95": [round(rci[0], 4), round(rci[1], 4)], "success_rate": round(suc, 4),
-                     "success_ci95": [round(sci[0], 4), round(sci[1], 4)], "invalid_action_rate": round(inv, 4),
-                     "avg_turns": round(turns, 3), "per_seed": [r["avg_reward"] for r in rs],
+                     "episodes_per_seed": rs[0]["episodes"], "avg_reward": _r(rew), "ci95": [_r(x) for x in rci],
+                     "success_rate": _r(suc), "success_ci95": [_r(x) for x in sci], "invalid_action_rate": _r(inv),
+                     "avg_turns": _r(turns), "per_seed": [r["avg_reward"] for r in rs],
                      **{k: rs[0].get(k) for k in ("loss", "gamma", "losers", "truncate_k") if k in rs[0]},
                      "loser_turns": _mean([r.get("loser_turns") for r in rs]),
                      "vs_sft": _paired(rs, sft) if method != "sft" else None})
@@ -295,7 +294,13 @@ def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | Non
     if not diffs:
         return None
     m, (lo, hi) = mean_ci95(diffs)
-    return {"mean": round(m, 4), "ci95": [round(lo, 4), round(hi, 4)], "seeds": len(diffs)}
+    return {"mean": _r(m), "ci95": [_r(lo), _r(hi)], "seeds": len(diffs)}
+
+
+def _r(x: float) -> float:
+    """A statistic as stored in compare.json: 6 decimals, so that the 3 the tables print are
+    rounded once, the same in every table (rounding to 4 first turned 0.45549 into 0.456)."""
+    return round(x, 6)
 
 
 def _mean(xs: list[Any]) -> float | None:
