@@ -21,14 +21,17 @@ def t975(df: int) -> float:
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, tuple[float, float]]:
-    """Mean and its 95% confidence interval ``mean ± t·s/√n`` (a point for n < 2)."""
+    """Mean and its 95% confidence interval ``mean ± t·s/√n`` (a point for n < 2).
+
+    Sums are exact (``math.fsum``), so the result does not depend on the order of ``values``:
+    two tables that print one statistic from differently ordered records agree."""
     n = len(values)
     if n == 0:
         return float("nan"), (float("nan"), float("nan"))
-    mean = sum(values) / n
+    mean = math.fsum(values) / n
     if n < 2:
         return mean, (mean, mean)
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
     half = t975(n - 1) * math.sqrt(var / n)
     return mean, (mean - half, mean + half)
 
