@@ -214,19 +214,21 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
 def test_report_tables_round_a_statistic_once() -> None:
     """SFT's CI in the method table and in the by-iteration table is one number printed twice:
     these ten seeds' lower bound is 0.45549..., which rounding to 4 decimals first turned into
-    0.456 in one table while the other printed 0.455."""
+    0.456 in one table while the other printed 0.455; ETO's ten seeds average 0.4975, which
+    rounding to 6 decimals first printed 0.497 against the other table's 0.498."""
     from turnrl.pipelines.compare import _ci, aggregate, iteration_rows
     from turnrl.stats import mean_ci95
 
     sft = [0.545, 0.33, 0.61, 0.66, 0.36, 0.66, 0.52, 0.59, 0.58, 0.51]
     recs = [_rec("sft", s, "seen", r) for s, r in enumerate(sft)]
     recs += [_rec("sppo", s, "seen", 0.6, iteration=3) for s in range(10)]
-    row = next(r for r in aggregate(recs) if r["method"] == "sft")
-    it0 = next(r for r in iteration_rows(recs) if r["iteration"] == 0)
-    assert _ci(row) == _ci(it0) == "[0.455, 0.618]"
-    # the mean does not depend on the order of the seeds (these ten summed in two orders
-    # printed 0.497 in one table and 0.498 in the other)
     eto = [0.67, -0.04, 0.635, 0.78, 0.2, 0.78, 0.62, 0.65, 0.63, 0.05]
+    recs += [_rec("eto", s, "seen", r, iteration=1) for s, r in enumerate(eto)]
+    rows = {r["method"]: r for r in aggregate(recs)}
+    its = {(r["method"], r["iteration"]): r for r in iteration_rows(recs)}
+    assert _ci(rows["sft"]) == _ci(its["sppo", 0]) == "[0.455, 0.618]"
+    assert f"{rows['eto']['avg_reward']:.3f}" == f"{its['eto', 1]['avg_reward']:.3f}"
+    # nor on the order of the seeds
     means = {f"{mean_ci95(order)[0]:.3f}" for order in (eto, eto[::-1], sorted(eto))}
     assert len(means) == 1
 

@@ -267,7 +267,11 @@ def aggregate(records: list[Record]) -> list[Record]:
     """Per (method, split): mean avg reward and success over seeds with 95% CIs across seeds,
     and ``vs_sft``: the paired difference from the SFT agent of the same seed (mean and 95% CI
     over the seeds both have). Every method starts from its seed's SFT agent, so the paired
-    difference removes the seed-to-seed spread of the start that widens both rows' CIs."""
+    difference removes the seed-to-seed spread of the start that widens both rows' CIs.
+
+    Statistics are stored unrounded: a table rounds each once, so every table of the report
+    prints the same digits for one statistic (rounded twice, 0.45549 printed 0.456 in one
+    table and 0.455 in another)."""
     groups: dict[tuple[str, str], list[Record]] = {}
     finals = final_records(records)
     sft = {(r["seed"], r["split"]): r["avg_reward"] for r in finals if r["method"] == "sft"}
@@ -280,9 +284,9 @@ def aggregate(records: list[Record]) -> list[Record]:
         inv, _ = mean_ci95([r["invalid_action_rate"] for r in rs])
         turns, _ = mean_ci95([r["avg_turns"] for r in rs])
         rows.append({"method": method, "split": split, "seeds": len(rs), "env": rs[0]["env"],
-                     "episodes_per_seed": rs[0]["episodes"], "avg_reward": _r(rew), "ci95": [_r(x) for x in rci],
-                     "success_rate": _r(suc), "success_ci95": [_r(x) for x in sci], "invalid_action_rate": _r(inv),
-                     "avg_turns": _r(turns), "per_seed": [r["avg_reward"] for r in rs],
+                     "episodes_per_seed": rs[0]["episodes"], "avg_reward": rew, "ci95": list(rci),
+                     "success_rate": suc, "success_ci95": list(sci), "invalid_action_rate": inv,
+                     "avg_turns": turns, "per_seed": [r["avg_reward"] for r in rs],
                      **{k: rs[0].get(k) for k in ("loss", "gamma", "losers", "truncate_k") if k in rs[0]},
                      "loser_turns": _mean([r.get("loser_turns") for r in rs]),
                      "vs_sft": _paired(rs, sft) if method != "sft" else None})
@@ -294,13 +298,7 @@ def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | Non
     if not diffs:
         return None
     m, (lo, hi) = mean_ci95(diffs)
-    return {"mean": _r(m), "ci95": [_r(lo), _r(hi)], "seeds": len(diffs)}
-
-
-def _r(x: float) -> float:
-    """A statistic as stored in compare.json: 6 decimals, so that the 3 the tables print are
-    rounded once, the same in every table (rounding to 4 first turned 0.45549 into 0.456)."""
-    return round(x, 6)
+    return {"mean": m, "ci95": [lo, hi], "seeds": len(diffs)}
 
 
 def _mean(xs: list[Any]) -> float | None:
