@@ -33,14 +33,19 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def _split_override(item: str) -> tuple[str, str]:
+    """``"a.b = 3"`` -> ``("a.b", " 3")``: the dotted key, stripped, and the raw value."""
+    key, value = item.split("=", 1)
+    return key.strip(), value
+
+
 def parse_overrides(items: list[str] | None, what: str = "override") -> dict[str, Any]:
     """Turn ``["a=1", "b.c=x"]`` into a nested dict; a malformed item is a one-line error."""
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
             raise TurnRLError(f"bad {what} '{item}': expected key=value")
-        key, value = item.split("=", 1)
-        key = key.strip()
+        key, value = _split_override(item)
         if not key:
             raise TurnRLError(f"bad {what} '{item}': empty key")
         node = out
@@ -113,7 +118,7 @@ def _error_source(loc: tuple[Any, ...], overrides: list[str], path: Path | None,
     for n in range(len(parts), 0, -1):  # the override of the key itself or of a section above it
         dotted = ".".join(parts[:n])
         for item in reversed(overrides):
-            if item.split("=", 1)[0].strip() == dotted:
+            if _split_override(item)[0] == dotted:
                 return f"override '{item}'"
     if path is None:
         return "config"
