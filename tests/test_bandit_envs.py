@@ -23,6 +23,7 @@ from turnrl.errors import TurnRLError
         ("bandit", {"noise": "low", "randomize_labels": True, "summary": True, "rationale": "ucb", "context": 3}),
         ("contextual_bandit", {"items": 10, "horizon": 9, "randomize_labels": True, "summary": True}),
         ("contextual_bandit", {"noise": "high", "rationale": "ucb", "context": 0}),
+        ("bandit", {"summary": "best", "context": 0, "randomize_labels": True}),
     ],
 )
 def test_variants_keep_the_contract(name: str, kwargs: dict) -> None:
@@ -40,7 +41,8 @@ def test_variants_keep_the_contract(name: str, kwargs: dict) -> None:
         ("bandit", {"variant": "slider"}, "variant must be one of button, continuous (got 'slider')"),
         ("bandit", {"horizon": 0}, "horizon must be an integer from 1 to 1000 (got 0)"),
         ("bandit", {"context": -1}, "context must be an integer"),
-        ("bandit", {"summary": "yes"}, "summary must be true or false (got 'yes')"),
+        ("bandit", {"summary": "yes"}, "summary must be true, false or best (got 'yes')"),
+        ("bandit", {"summary": 1.0}, "summary must be true, false or best (got 1.0)"),
         ("bandit", {"rationale": "long"}, "rationale must be one of short, ucb (got 'long')"),
         ("bandit", {"ucb_c": -1}, "ucb_c must be a number in [0, 100] (got -1)"),
         ("contextual_bandit", {"items": 1}, "items must be an integer from 2 to 20 (got 1)"),
@@ -171,6 +173,20 @@ def test_context_summary() -> None:
     obs = env.render()
     mean_blue = (inst.rewards[0, 0] + inst.rewards[1, 0]) / 2
     assert f"Summary: blue 2x mean {mean_blue:.2f}; green 0x; red 1x mean {inst.rewards[2, 2]:.2f}." in obs
+
+
+def test_best_summary_names_the_greedy_arm_and_the_untried_ones() -> None:
+    env = envs.make("bandit", arms=4, horizon=8, summary="best", context=0)
+    inst = env.instance("bandit-0")
+    env.reset(options={"task_id": "bandit-0"})
+    assert "Best so far" not in env.render()  # nothing tried yet
+    play(env, ["blue", "blue", "red", "zzz"])  # an invalid pull counts nowhere
+    means = {"blue": (inst.rewards[0, 0] + inst.rewards[1, 0]) / 2, "red": inst.rewards[2, 2]}
+    best = max(means, key=lambda k: means[k])
+    n = {"blue": 2, "red": 1}[best]
+    assert f"Best so far: {best} {means[best]:.2f} ({n}x). Untried: green, yellow." in env.render()
+    play(env, ["green", "yellow"])
+    assert env.render().splitlines()[-2].endswith("Untried: none.")
 
 
 def test_invalid_action_pays_nothing_and_counts() -> None:

@@ -207,6 +207,11 @@ def test_compact_rationales_for_study_data() -> None:
     assert compact_thought([(1, 0.3), (2, 0.1)], 2) == "Stay."
     assert compact_thought([(2, 0.3), (1, 0.1)], 2) == "Switch."
     assert compact_thought([(1, 0.3), (None, 0.0)], 4) == "Untried."
+    # with summary=best: the arm of the best mean so far, whichever was pulled last
+    assert compact_thought([(1, 0.3), (2, 0.1)], 1, best=True) == "Best."
+    assert compact_thought([(1, 0.3), (2, 0.1)], 2, best=True) == "Other."
+    assert compact_thought([(1, 0.3), (2, 0.1), (1, -0.5)], 2, best=True) == "Best."
+    assert compact_thought([(1, 0.3)], 3, best=True) == "Untried."
 
 
 def test_study_refuses_a_thinking_budget_below_its_replies(tiny_dir: Path, tmp_path: Path) -> None:

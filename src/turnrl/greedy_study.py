@@ -88,7 +88,9 @@ FAST: dict[str, Any] = {
 class CompactBanditPolicy:
     """A scripted bandit algorithm whose replies are a one-word rationale and ``ACTION=X``:
     ``Start.`` (nothing tried yet), ``Untried.`` (an arm never pulled), ``Stay.`` (the arm
-    pulled last), ``Switch.`` (another tried arm)."""
+    pulled last), ``Switch.`` (another tried arm); with the env's ``summary=best``,
+    ``Best.`` (a tried arm of the highest mean) and ``Other.`` (another tried arm) replace
+    ``Stay.`` and ``Switch.``."""
 
     def __init__(self, spec: str):
         from turnrl.bandits.algorithms import make_algorithm
@@ -105,16 +107,20 @@ class CompactBanditPolicy:
         for r in requests:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
-            out.append(Reply(f"{compact_thought(env.history, d.arm)}\nACTION={d.label}"))
+            thought = compact_thought(env.history, d.arm, best=env.summary == "best")
+            out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
 
 
-def compact_thought(history: Sequence[tuple[int | None, float]], arm: int) -> str:
+def compact_thought(history: Sequence[tuple[int | None, float]], arm: int, best: bool = False) -> str:
     tried = [a for a, _ in history if a is not None]
     if not tried:
         return "Start."
     if arm not in tried:
         return "Untried."
+    if best:
+        means = {a: float(np.mean([r for b, r in history if b == a])) for a in set(tried)}
+        return "Best." if means[arm] >= max(means.values()) else "Other."
     return "Stay." if tried[-1] == arm else "Switch."
 
 

@@ -20,7 +20,11 @@ Options (keyword-only; a bad value is a one-line :class:`~turnrl.errors.TurnRLEr
 - ``horizon`` (50): steps per episode, 1..1000;
 - ``context`` (50): how many of the last steps the observation shows (0..1000);
 - ``summary`` (false): append per-arm counts and mean rewards (the "context summary"
-  exploration aid);
+  exploration aid); ``best`` appends them pre-digested: the tried arm of the highest
+  mean reward, then the untried arms (``Best so far: red 0.83 (3x). Untried: green,
+  yellow.``), so that acting greedily is copying one label and exploring is copying an
+  untried one -- for models too small to take an argmax over ten printed means (the tiny
+  model's greedy-agents study);
 - ``randomize_labels`` (false): shuffle which label names which arm at every step; the
   whole shown history uses the current step's labels (the "context randomization" aid);
 - ``rationale`` (``short``): ``short`` asks for a short rationale; ``ucb`` asks the model
@@ -111,6 +115,19 @@ def fmt_reward(r: float, dist: str = "gaussian") -> str:
     return str(int(round(r))) if dist == "bernoulli" else f"{r:.2f}"
 
 
+def best_tried(counts: np.ndarray, sums: np.ndarray) -> int:
+    """The tried arm of the highest mean reward (ties: the lowest index); -1 if none."""
+    tried = [i for i in range(len(counts)) if counts[i]]
+    return min(tried, key=lambda i: (-sums[i] / counts[i], i)) if tried else -1
+
+
+def best_summary(counts: np.ndarray, sums: np.ndarray, labels: Sequence[str]) -> str:
+    """``summary=best``'s line: the best tried arm (the greedy choice), then the untried arms."""
+    b = best_tried(counts, sums)
+    untried = ", ".join(labels[i] for i in range(len(counts)) if not counts[i]) or "none"
+    return f"Best so far: {labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried: {untried}."
+
+
 class BanditEnvBase(TextEnv):
     """What the plain and the contextual bandit share: the step loop, history, labels,
     rendering of ``Step=i Action=a Reward=r`` lines, splits, the scripted expert.
@@ -126,12 +143,15 @@ class BanditEnvBase(TextEnv):
     _split_ids: dict[str, tuple[str, ...]]
     _task_format = ""
 
-    def __init__(self, *, horizon: int, context: int, summary: bool, randomize_labels: bool, rationale: str,
+    def __init__(self, *, horizon: int, context: int, summary: bool | str, randomize_labels: bool, rationale: str,
                  ucb_c: float, expert: str) -> None:
         env = self.name
         self.horizon = check_int(env, "horizon", horizon, 1, 1000)
         self.context = check_int(env, "context", context, 0, 1000)
-        self.summary = check_bool(env, "summary", summary)
+        if not (isinstance(summary, bool) or summary == "best"):
+            raise TurnRLError(f"{env}: summary must be true, false or best (got {summary!r})")
+        #: False, "counts" (``summary=true``) or "best"
+        self.summary: bool | str = "best" if summary == "best" else "counts" if summary else False
         self.randomize_labels = check_bool(env, "randomize_labels", randomize_labels)
         self.rationale = check_choice(env, "rationale", rationale, ("short", "ucb"))
         self.ucb_c = check_number(env, "ucb_c", ucb_c, 0.0, 100.0)
@@ -281,6 +301,8 @@ class BanditEnvBase(TextEnv):
                 counts[arm] += 1
                 sums[arm] += r
         by_label = {lab: i for i, lab in enumerate(labels)}
+        if self.summary == "best":
+            return best_summary(counts, sums, labels)
         parts = []
         for lab in self.labels:
             i = by_label[lab]
@@ -367,7 +389,7 @@ class Bandit(BanditEnvBase):
         variant: str = "button",
         horizon: int = 50,
         context: int = 50,
-        summary: bool = False,
+        summary: bool | str = False,
         randomize_labels: bool = False,
         rationale: str = "short",
         ucb_c: float = 1.0,

@@ -98,7 +98,7 @@ class ContextualBandit(BanditEnvBase):
         noise: str = "medium",
         horizon: int = 50,
         context: int = 10,
-        summary: bool = False,
+        summary: bool | str = False,
         randomize_labels: bool = False,
         rationale: str = "short",
         ucb_c: float = 1.0,
