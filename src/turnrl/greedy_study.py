@@ -107,20 +107,24 @@ class CompactBanditPolicy:
         for r in requests:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
-            thought = compact_thought(env.history, d.arm, best=env.summary == "best")
+            thought = compact_thought(env.history, d.arm, best=env.summary == "best", arms=len(env.labels))
             out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
 
 
-def compact_thought(history: Sequence[tuple[int | None, float]], arm: int, best: bool = False) -> str:
+def compact_thought(history: Sequence[tuple[int | None, float]], arm: int, best: bool = False,
+                    arms: int = ARMS) -> str:
     tried = [a for a, _ in history if a is not None]
     if not tried:
         return "Start."
     if arm not in tried:
         return "Untried."
-    if best:
-        means = {a: float(np.mean([r for b, r in history if b == a])) for a in set(tried)}
-        return "Best." if means[arm] >= max(means.values()) else "Other."
+    if best:  # the arm that summary=best names (a tie for the best mean counts as best too)
+        from turnrl.envs.bandit import arm_stats, best_tried
+
+        counts, sums = arm_stats(history, arms)
+        b = best_tried(counts, sums)
+        return "Best." if sums[arm] / counts[arm] >= sums[b] / counts[b] else "Other."
     return "Stay." if tried[-1] == arm else "Switch."
 
 

@@ -115,6 +115,17 @@ def fmt_reward(r: float, dist: str = "gaussian") -> str:
     return str(int(round(r))) if dist == "bernoulli" else f"{r:.2f}"
 
 
+def arm_stats(history: Sequence[tuple[int | None, float]], arms: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pull counts and reward sums per arm of a history of ``(arm, reward)`` pairs (an
+    invalid pull, arm None, counts nowhere)."""
+    counts, sums = np.zeros(arms), np.zeros(arms)
+    for arm, r in history:
+        if arm is not None:
+            counts[arm] += 1
+            sums[arm] += r
+    return counts, sums
+
+
 def best_tried(counts: np.ndarray, sums: np.ndarray) -> int:
     """The tried arm of the highest mean reward (ties: the lowest index); -1 if none."""
     tried = [i for i in range(len(counts)) if counts[i]]
@@ -293,16 +304,10 @@ class BanditEnvBase(TextEnv):
         return "\n".join(lines)
 
     def _summary(self, history: Sequence[tuple[int | None, float]], labels: Sequence[str]) -> str:
-        k = len(labels)
-        counts = np.zeros(k)
-        sums = np.zeros(k)
-        for arm, r in history:
-            if arm is not None:
-                counts[arm] += 1
-                sums[arm] += r
-        by_label = {lab: i for i, lab in enumerate(labels)}
+        counts, sums = arm_stats(history, len(labels))
         if self.summary == "best":
             return best_summary(counts, sums, labels)
+        by_label = {lab: i for i, lab in enumerate(labels)}
         parts = []
         for lab in self.labels:
             i = by_label[lab]

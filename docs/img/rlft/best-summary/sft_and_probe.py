@@ -22,7 +22,7 @@ import numpy as np
 import turnrl.greedy_study as g
 from turnrl import envs
 from turnrl.data.schema import Message
-from turnrl.envs.bandit import best_tried
+from turnrl.envs.bandit import arm_stats, best_tried
 from turnrl.rollout.policies import Request
 
 ENV = {"arms": 10, "noise": "medium", "horizon": 50, "context": 0, "summary": "best"}
@@ -39,10 +39,7 @@ def probe(model: Path, states: int = 120) -> dict[str, tuple[int, int]]:
         arms = rng.sample(env.labels, rng.randint(1, 6))
         for _ in range(rng.randint(len(arms), 15)):
             obs, *_ = env.step(rng.choice(arms))
-        counts, sums = np.zeros(10), np.zeros(10)
-        for a, r in env.history:
-            counts[a] += 1
-            sums[a] += r
+        counts, sums = arm_stats(env.history, 10)
         best.append(env.labels[best_tried(counts, sums)])
         untried.append({env.labels[j] for j in range(10) if not counts[j]})
         msgs = [Message(role="system", content=g.BANDIT_INSTRUCTION), Message(role="user", content=obs)]
