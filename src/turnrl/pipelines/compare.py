@@ -470,6 +470,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
         ax.errorbar([r["iteration"] + 0.06 * k for r in pts], [r["avg_reward"] for r in pts], capsize=3, marker="o",
                     yerr=[[r["avg_reward"] - r["ci95"][0] for r in pts], [r["ci95"][1] - r["avg_reward"] for r in pts]],
                     label=f"{method} ({split})")
+    ax.set_xticks(sorted({r["iteration"] for r in it}))  # whole iterations, no 0.5 ticks
     finish(fig, ax, out / "reward_by_iteration.png", "iteration (0 = SFT)", "reward by iteration")
 
     seen = {r["method"]: r for r in _with_iter1(rows, records) if r["split"] == "seen"}
