@@ -57,7 +57,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class BanditEnvBase(TextEnv):
         if not (isinstance(summary, bool) or summary == "best"):
             raise TurnRLError(f"{env}: summary must be true, false or best (got {summary!r})")
         #: False, "counts" (``summary=true``) or "best"
-        self.summary: bool | str = "best" if summary == "best" else "counts" if summary else False
+        self.summary: Literal[False, "counts", "best"] = "best" if summary == "best" else "counts" if summary else False
         self.randomize_labels = check_bool(env, "randomize_labels", randomize_labels)
         self.rationale = check_choice(env, "rationale", rationale, ("short", "ucb"))
         self.ucb_c = check_number(env, "ucb_c", ucb_c, 0.0, 100.0)
