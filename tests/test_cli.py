@@ -50,6 +50,17 @@ def test_unknown_env_opt(tmp_path: Path, capsys) -> None:
     assert "minmax" in one_line_error(code, err)
 
 
+def test_usage_errors_exit_2_without_a_traceback(tmp_path: Path, capsys) -> None:
+    # click's usage errors (a missing option, an unknown command or option), whichever click
+    # typer parses with (recent typer carries its own copy)
+    for args, what in ((["collect", "--env", "bandit", "--out", str(tmp_path / "x.jsonl")], "--policy"),
+                       (["colect"], "colect"), (["envs", "list", "--bogus"], "--bogus")):
+        code, _, err = run(args, capsys)
+        assert code == 2, (args, err)
+        assert what in err and "Traceback" not in err
+    assert not (tmp_path / "x.jsonl").exists()
+
+
 def test_collect_validate_and_malformed_line(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demos.jsonl"
     code, _, _ = run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "30",

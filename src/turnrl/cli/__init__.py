@@ -349,11 +349,29 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        errors, aborts = _click_exceptions()
+        if isinstance(e, errors):
+            e.show()  # type: ignore[attr-defined]  # click's usage message, no traceback
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        if isinstance(e, aborts):
             sys.exit(1)
         raise
+
+
+def _click_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """Usage errors (``ClickException``) and ``Abort`` of the click that typer parses with:
+    recent typer (0.2x) carries its own copy (``typer._click``, with ``typer.Abort``), older
+    typer uses the ``click`` package; every one that exists is returned."""
+    import importlib
+
+    errors: list[type[Exception]] = []
+    aborts: list[type[Exception]] = [typer.Abort]
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        errors.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            aborts.append(mod.Abort)
+    return tuple(errors), tuple(aborts)
