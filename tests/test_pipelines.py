@@ -355,6 +355,50 @@ def test_killed_pipeline_resumes_to_the_same_result(tiny_dir: Path, sft_agent: s
     assert s_run["iterations"][0]["pairs"] == s_ref["iterations"][0]["pairs"]
 
 
+@pytest.mark.integration
+def test_compare_end_to_end_from_the_cli(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``turnrl compare`` on the tiny model, 2 seeds: SFT and SPPO first (no ETO/DMPO, so no
+    shared exploration), then the same out with ETO added: the finished stages are skipped,
+    the exploration runs, and compare.json/.md and the plots cover every method and seed."""
+    from turnrl.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+out: {tmp_path / "out"}
+seeds: [0, 1]
+methods: [sft, sppo]
+pipeline:
+  base: {tiny_dir}
+  expert_episodes: 8
+  explore_tasks: 4
+  eval_episodes: 4
+  eval_splits: [seen]
+  max_new_tokens: 16
+  sft: {{epochs: 1.0, batch_size: 8, lr: 2.0e-3, row_tokens: 512, history: 0}}
+  train: {{epochs: 1.0, batch_size: 4, lr: 1.0e-4, row_tokens: 512, max_length: 512}}
+sppo: {{iterations: 1, train_tasks: 2, samples_per_task: 2, train: {{batch_size: 4, row_tokens: 512}}}}
+""")
+    out = tmp_path / "out"
+    main(["compare", "--config", str(cfg)])
+    assert not list(out.glob("seed-*/explore-sft.jsonl"))  # nothing read it
+    capsys.readouterr()
+    main(["compare", "--config", str(cfg), "methods=[sft,sppo,eto]"])
+    logged = "".join(capsys.readouterr())
+    for stage in ("seed-0/sft", "seed-1/sppo"):
+        assert f"skip {stage} (done)" in logged and f"run {stage}" not in logged, logged[-2000:]
+    for seed in (0, 1):
+        assert is_done(out / f"seed-{seed}" / "explore-sft.jsonl")
+        assert is_done(out / f"seed-{seed}" / "sppo.json") and is_done(out / f"seed-{seed}" / "eto.json")
+    recs = json.loads((out / "compare.json").read_text())["results"]
+    got = {(r["method"], r["seed"]) for r in recs if r["split"] == "seen"}
+    assert got == {(m, s) for m in ("sft", "sppo", "eto") for s in (0, 1)}
+    assert all(-1.0 <= r["avg_reward"] <= 1.0 and r["episodes"] == 4 for r in recs)
+    table = (out / "compare.md").read_text()
+    assert all(f"| {m} " in table for m in ("sft", "sppo", "eto"))
+    assert "![reward by iteration](reward_by_iteration.png)" in table and "dmpo_gamma" not in table
+    assert (out / "reward_by_iteration.png").stat().st_size > 0 and not (out / "dmpo_gamma.png").exists()
+
+
 def test_report_and_plots_from_records(tmp_path: Path) -> None:
     from turnrl.pipelines.compare import CompareConfig, aggregate, plot_all, report
     from turnrl.stats import mean_ci95
@@ -388,6 +432,12 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
         update={"invalid_action": "end", "invalid_penalty": -1.0})})
     head = report(strict, rows, recs).split("\n")[2]
     assert "ends the episode, reward -1)" in head and "Best-of" not in head
-    plot_all(cfg, recs, rows, tmp_path)
-    for name in ("reward_by_method", "reward_by_iteration", "dmpo_gamma", "loser_length"):
+    names = ["reward_by_method", "reward_by_iteration", "dmpo_gamma", "loser_length"]
+    assert plot_all(cfg, recs, rows, tmp_path) == [f"{n}.png" for n in names]
+    for name in names:
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    assert "![dmpo gamma](dmpo_gamma.png)" in report(cfg, rows, recs, [f"{n}.png" for n in names])
+    # without DMPO or ETO rows: no gamma or loser-length plot, and the stale ones go
+    plain = [r for r in recs if r["method"] in ("sft", "rft")]
+    assert plot_all(cfg, plain, aggregate(plain), tmp_path) == ["reward_by_method.png"]
+    assert not (tmp_path / "dmpo_gamma.png").exists() and not (tmp_path / "loser_length.png").exists()

@@ -2,7 +2,8 @@
 
 Per seed ``S`` (``OUT/seed-S/``): the expert demos and the SFT agent (:func:`prepare_base`),
 one greedy exploration of every train task by the SFT agent (``explore-sft.jsonl``, shared by
-every preference method so they differ only in their loss and pair filter), then each method
+the ETO and DMPO runs so they differ only in their loss and pair filter; run on first use, so a
+seed with neither skips it), then each method
 as a resumable stage ``OUT/seed-S/<method>.json`` (its records) with its work under
 ``OUT/seed-S/<method>/``. Built-in methods:
 
@@ -84,9 +85,17 @@ class SeedRun:
     base_model: str
     sft: str
     expert: Path
-    explored: Path
     log: Log | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def explored(self) -> Path:
+        """The SFT agent's exploration of every train task, shared by the ETO and DMPO runs of
+        the seed; a resumable stage run on first use, so a seed without them never explores."""
+        path = self.dir / "explore-sft.jsonl"
+        experts = read_trajectories(self.expert)
+        run_stage(path, lambda p: explore(self.pipe, self.sft, p, 1, experts), log=self.log)
+        return path
 
     def evaluate(self, model: str, out: Path, label: str, **kw: Any) -> list[Record]:
         return run_stage(out, lambda p: evaluate_model(self.pipe, model, p, label, **kw), log=self.log)
@@ -205,7 +214,7 @@ def _check(cfg: CompareConfig) -> None:
 
 
 def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
-    """Prepare (or find) seed ``seed``'s SFT agent, demos and shared exploration."""
+    """Prepare (or find) seed ``seed``'s SFT agent and demos."""
     root = Path(cfg.out)
     base_model = cfg.pipeline.base
     if base_model == "tiny":  # one tiny model for every seed
@@ -219,10 +228,7 @@ def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
     pipe = cfg.pipeline.model_copy(update={"seed": seed, "base": base_model})
     d = root / f"seed-{seed}"
     sft, expert = prepare_base(pipe, d, log=log)
-    explored = d / "explore-sft.jsonl"
-    experts = read_trajectories(expert)
-    run_stage(explored, lambda p: explore(pipe, sft, p, 1, experts), log=log)
-    return SeedRun(cfg, seed, d, pipe, base_model if pipe.model is None else pipe.model, sft, expert, explored, log)
+    return SeedRun(cfg, seed, d, pipe, base_model if pipe.model is None else pipe.model, sft, expert, log)
 
 
 def _method_stage(fn: MethodFn, run: SeedRun) -> Callable[[Path], list[Record]]:
@@ -242,8 +248,10 @@ def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
             records += [{**r, "method": r.get("method", m), "seed": seed} for r in recs]
     atomic_write_json(root / "compare.json", {"results": records, "config": cfg.model_dump(mode="json")})
     rows = aggregate(records)
-    (root / "compare.md").write_text(report(cfg, rows, records))
-    plot_all(cfg, records, rows, root)
+    plots = plot_all(cfg, records, rows, root)
+    tmp = root / "compare.md.tmp"
+    tmp.write_text(report(cfg, rows, records, plots))
+    tmp.replace(root / "compare.md")
     from turnrl.evaluation import results_table
 
     return {"out": str(root), "rows": rows, "table": results_table(
@@ -390,7 +398,8 @@ _INVALID_RULE = {"random": "gets a random valid action played for it", "error": 
                  "end": "ends the episode"}
 
 
-def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str:
+def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots: list[str] | None = None) -> str:
+    """compare.md: the table, reward by iteration, the claims, and links to ``plots`` (PNG names)."""
     p = cfg.pipeline
     invalid = "a reply without a valid action " + _INVALID_RULE[p.invalid_action]
     if p.invalid_penalty:
@@ -422,9 +431,9 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> str
     v = verdicts(cfg, _with_iter1(rows, records))
     if v:
         lines += ["", "Claims (seen split):", ""] + v
-    lines += ["", "![reward by method](reward_by_method.png)", "", "![reward by iteration](reward_by_iteration.png)",
-              "", "![DMPO gamma](dmpo_gamma.png)", "", "![loser length](loser_length.png)", ""]
-    return "\n".join(lines)
+    for name in plots or []:
+        lines += ["", f"![{Path(name).stem.replace('_', ' ')}]({name})"]
+    return "\n".join([*lines, ""])
 
 
 def _with_iter1(rows: list[Record], records: list[Record]) -> list[Record]:
@@ -441,15 +450,23 @@ def _with_iter1(rows: list[Record], records: list[Record]) -> list[Record]:
 # ----------------------------------------------------------------------------- plots
 
 
-def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out: Path) -> None:
+def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out: Path) -> list[str]:
+    """The PNG plots in ``out``; a plot with nothing to show (e.g. the DMPO gamma plot of a run
+    without DMPO) is not written, and a stale one from an earlier run of ``out`` is removed.
+    Returns the names of the plots written."""
     from turnrl.report import _plt, plot_rewards
 
     main = [r for r in rows if not r["method"].startswith("dpo-") and "-k" not in r["method"]]
     plot_rewards(main, out / "reward_by_method.png", label="method",
                  title="avg reward by method (mean over seeds, 95% CI)")
+    written = ["reward_by_method.png"]
     plt = _plt()
 
     def finish(fig: Any, ax: Any, path: Path, xlabel: str, title: str) -> None:
+        if not ax.get_legend_handles_labels()[0]:  # nothing was drawn
+            plt.close(fig)
+            path.unlink(missing_ok=True)
+            return
         ax.set_xlabel(xlabel)
         ax.set_ylabel("avg reward")
         ax.set_title(title)
@@ -458,6 +475,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
+        written.append(path.name)
 
     def bars(ax: Any, xs: list[float], pts: list[Record], **kw: Any) -> None:
         ax.errorbar(xs, [r["avg_reward"] for r in pts], capsize=3, marker="o", **kw,
@@ -482,8 +500,9 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
         return seen.get(f"dpo-{losers}")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for k, losers in enumerate(("clean", "noisy")):
-        pts = [seen[m] for g in sorted(cfg.dmpo_gammas) if (m := f"dmpo-g{g:g}-{losers}") in seen]
+    gammas = [] if not any(m.startswith("dmpo-g") for m in seen) else sorted(cfg.dmpo_gammas)  # no DMPO: no plot
+    for k, losers in enumerate(("clean", "noisy") if gammas else ()):
+        pts = [seen[m] for g in gammas if (m := f"dmpo-g{g:g}-{losers}") in seen]
         if pts:
             bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
         dpo = dpo_row(losers)
@@ -502,3 +521,4 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
             bars(ax, [float(r["loser_turns"]) for r in pts], pts, color=f"C{k}", label=loss)
     finish(fig, ax, out / "loser_length.png", "mean loser length in the pairs (agent turns)",
            "reward vs loser length (seen, noisy losers)")
+    return written
