@@ -93,8 +93,7 @@ class SeedRun:
         """The SFT agent's exploration of every train task, shared by the ETO and DMPO runs of
         the seed; a resumable stage run on first use, so a seed without them never explores."""
         path = self.dir / "explore-sft.jsonl"
-        experts = read_trajectories(self.expert)
-        run_stage(path, lambda p: explore(self.pipe, self.sft, p, 1, experts), log=self.log)
+        run_stage(path, lambda p: explore(self.pipe, self.sft, p, 1, read_trajectories(self.expert)), log=self.log)
         return path
 
     def evaluate(self, model: str, out: Path, label: str, **kw: Any) -> list[Record]:
