@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from turnrl.pipelines.eto import (
 )
 from turnrl.pipelines.iterative import run_stage
 from turnrl.stats import mean_ci95, overlap
-from turnrl.train.core import atomic_write_json
+from turnrl.train.core import atomic_write_json, atomic_write_text
 
 Log = Callable[[str], None]
 Record = dict[str, Any]
@@ -88,7 +89,7 @@ class SeedRun:
     log: Log | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def explored(self) -> Path:
         """The SFT agent's exploration of every train task, shared by the ETO and DMPO runs of
         the seed; a resumable stage run on first use, so a seed without them never explores."""
@@ -247,10 +248,7 @@ def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
             records += [{**r, "method": r.get("method", m), "seed": seed} for r in recs]
     atomic_write_json(root / "compare.json", {"results": records, "config": cfg.model_dump(mode="json")})
     rows = aggregate(records)
-    plots = plot_all(cfg, records, rows, root)
-    tmp = root / "compare.md.tmp"
-    tmp.write_text(report(cfg, rows, records, plots))
-    tmp.replace(root / "compare.md")
+    atomic_write_text(root / "compare.md", report(cfg, rows, records, plot_all(cfg, records, rows, root)))
     from turnrl.evaluation import results_table
 
     return {"out": str(root), "rows": rows, "table": results_table(
@@ -499,14 +497,15 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
         return seen.get(f"dpo-{losers}")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    gammas = [] if not any(m.startswith("dmpo-g") for m in seen) else sorted(cfg.dmpo_gammas)  # no DMPO: no plot
-    for k, losers in enumerate(("clean", "noisy") if gammas else ()):
-        pts = [seen[m] for g in gammas if (m := f"dmpo-g{g:g}-{losers}") in seen]
-        if pts:
-            bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
-        dpo = dpo_row(losers)
-        if dpo is not None:
-            ax.axhline(dpo["avg_reward"], color=f"C{k}", ls="--", lw=1, label=f"DPO, {losers}")
+    gamma_pts = {losers: [seen[m] for g in sorted(cfg.dmpo_gammas) if (m := f"dmpo-g{g:g}-{losers}") in seen]
+                 for losers in ("clean", "noisy")}
+    if any(gamma_pts.values()):  # no DMPO row: no plot (not a lone DPO line)
+        for k, (losers, pts) in enumerate(gamma_pts.items()):
+            if pts:
+                bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
+            dpo = dpo_row(losers)
+            if dpo is not None:
+                ax.axhline(dpo["avg_reward"], color=f"C{k}", ls="--", lw=1, label=f"DPO, {losers}")
     finish(fig, ax, out / "dmpo_gamma.png", "gamma", "DMPO reward vs gamma (seen, 1 iteration)")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -189,17 +189,22 @@ def set_seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``): a reader
+    sees the old file or the whole new one, never a half-written one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`atomic_write_text`)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def list_checkpoints(out_dir: str | Path) -> list[Path]:
