@@ -88,6 +88,7 @@ def run_policy(
         JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
         for t in iter_trajectories(out):
             done[t.id] = t
+        _check_resumable(Path(out), done, specs, env_name, policy.name)
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
@@ -120,6 +121,25 @@ def run_policy(
         sampler.close()
     by_id = {**done, **{t.id: t for t in new}}
     return [by_id[s.episode_id(env_name)] for s in specs]
+
+
+def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
+                     policy_name: str) -> None:
+    """The episodes already in ``out`` must be this run's: same env and policy, and an episode
+    of a planned id must be that plan's (split, task, seed). Anything else is another run's
+    file, which resuming would mix into this one's."""
+    planned = {s.episode_id(env_name): s for s in specs}
+    for t in done.values():
+        theirs = t.meta.get("policy")
+        if t.env != env_name or (theirs is not None and theirs != policy_name):
+            raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs}'; this run: "
+                              f"env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
+        spec = planned.get(t.id)
+        if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
+                                 or t.meta.get("seed", spec.seed) != spec.seed):
+            raise TurnRLError(f"{out}: episode {t.id} was played with other settings (task '{t.task_id}', "
+                              f"seed {t.meta.get('seed')}) than this run plans (task '{spec.task_id}', seed "
+                              f"{spec.seed}); choose another --out or remove it")
 
 
 def evaluate(policy: Policy, env_name: str, *, split: str, episodes: int, policy_label: str | None = None,

@@ -8,6 +8,7 @@ one-line :class:`~turnrl.errors.TurnRLError` that names it and the closest valid
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from turnrl.errors import TurnRLError, did_you_mean
 
 C = TypeVar("C", bound="Config")
+N = TypeVar("N", int, float)
 
 
 class Config(BaseModel):
@@ -86,9 +88,36 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
     loc = tuple(first.get("loc", ()))
     key = ".".join(str(p) for p in loc) or "<root>"
     if first.get("type") == "extra_forbidden":
-        hint = did_you_mean(str(loc[-1]), _fields_at(cls, loc)) if loc else ""
+        fields = _fields_at(cls, loc) if loc else []
+        given = first.get("input")
+        if isinstance(given, dict) and given and all(k in fields for k in given):  # ppo.gamma=2 for gamma=2
+            hint = f" (this config is flat: write {', '.join(repr(str(k)) for k in given)} without '{loc[-1]}.')"
+        else:
+            hint = did_you_mean(str(loc[-1]), fields) if loc else ""
         return f"{source}: unknown key '{key}'{hint}"
-    return f"{source}: bad value for '{key}': {first.get('msg')} (got {first.get('input')!r})"
+    msg = str(first.get("msg")).removeprefix("Value error, ")
+    return f"{source}: bad value for '{key}': {msg} (got {first.get('input')!r})"
+
+
+def in_range(v: N, lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> N:
+    """``v`` if it is finite and within the bounds (a field validator's body), else a ValueError
+    whose message pydantic reports with the key and where it was set: ``must be >= 1``,
+    ``must be in (0, 1]``."""
+    above = v > lo if lo_open else v >= lo
+    below = hi is None or (v < hi if hi_open else v <= hi)
+    if math.isfinite(v) and above and below:
+        return v
+    if hi is None:
+        what = "a finite number " if isinstance(v, float) else ""
+        raise ValueError(f"must be {what}{'>' if lo_open else '>='} {lo:g}")
+    raise ValueError(f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+
+
+def history_window(v: int | None) -> int | None:
+    """A ``history`` setting: earlier exchanges kept, >= 0, or None for all (a field validator's body)."""
+    if v is not None and v < 0:
+        raise ValueError("must be >= 0 (or None: the whole history)")
+    return v
 
 
 def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:
@@ -118,7 +147,8 @@ def _error_source(loc: tuple[Any, ...], overrides: list[str], path: Path | None,
     for n in range(len(parts), 0, -1):  # the override of the key itself or of a section above it
         dotted = ".".join(parts[:n])
         for item in reversed(overrides):
-            if _split_override(item)[0] == dotted:
+            key = _split_override(item)[0]
+            if key == dotted or key.startswith(dotted + "."):
                 return f"override '{item}'"
     if path is None:
         return "config"
@@ -142,7 +172,7 @@ def load_config(
     text = ""
     if p is not None:
         if not p.is_file():
-            raise TurnRLError(f"{p}: config file not found")
+            raise TurnRLError(f"{p}: {'is a folder, not a config file' if p.is_dir() else 'config file not found'}")
         text = p.read_text()
         try:
             loaded = yaml.safe_load(text) or {}

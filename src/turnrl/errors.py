@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class TurnRLError(Exception):
@@ -30,3 +31,18 @@ def unknown(kind: str, name: str, choices: Iterable[str]) -> TurnRLError:
     """``unknown env 'tictacto' (did you mean 'tictactoe'?); choose from: a, b``."""
     choices = sorted(choices)
     return TurnRLError(f"unknown {kind} '{name}'{did_you_mean(name, choices)}; choose from: {', '.join(choices)}")
+
+
+def check_output(path: str | Path, what: str, *, directory: bool = False) -> None:
+    """Fail before any work when ``path`` cannot be written as ``what``: a file (``directory``
+    False) where a folder exists, a folder where a file exists, or a path under a file."""
+    p = Path(path)
+    if directory and p.exists() and not p.is_dir():
+        raise TurnRLError(f"{what} {p}: is a file, not a folder")
+    if not directory and p.is_dir():
+        raise TurnRLError(f"{what} {p}: is a folder, not a file")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TurnRLError(f"{what} {p}: {parent} is a file, not a folder")
+            break

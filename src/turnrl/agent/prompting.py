@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from turnrl.config import Config
+from pydantic import field_validator
+
+from turnrl.config import Config, history_window
 from turnrl.data.schema import Message
 
 
@@ -31,6 +33,11 @@ class PromptConfig(Config):
     #: does not step the env, ``end`` ends the episode (plus ``invalid_penalty``)
     invalid_action: Literal["random", "error", "end"] = "random"
     invalid_penalty: float = 0.0
+
+    @field_validator("history")
+    @classmethod
+    def _history(cls, v: int | None) -> int | None:
+        return history_window(v)
 
 
 def system_message(instruction: str, cfg: PromptConfig) -> Message:

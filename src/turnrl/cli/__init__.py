@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from turnrl.cli.diagnose import diagnose_app
+from turnrl.cli.options import out_dir, out_file
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
 from turnrl.errors import TurnRLError
@@ -38,6 +39,10 @@ register_pipelines(app)
 console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True)
 
+Episodes = Annotated[int, typer.Option(min=1, help="Episodes to play.")]
+NumEnvs = Annotated[int, typer.Option(min=1, help="Environments stepped in lock-step.")]
+MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens a reply may have.")]
+History = Annotated[int | None, typer.Option(min=0, help="Earlier exchanges kept in the prompt (default: all).")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
 
@@ -65,7 +70,7 @@ def envs_list() -> None:
 
 
 @envs_app.command("check")
-def envs_check(name: str, env_opt: EnvOpt = None, episodes: int = 3) -> None:
+def envs_check(name: str, env_opt: EnvOpt = None, episodes: Episodes = 3) -> None:
     """Check that an env honours the text-environment contract."""
     from turnrl import envs
     from turnrl.envs.checker import check_env
@@ -93,7 +98,7 @@ def data_validate(path: Path) -> None:
 @data_app.command("import-eto")
 def data_import_eto(
     path: Path,
-    out: Annotated[Path, typer.Option("--out", help="Output JSONL.")],
+    out: Annotated[Path, typer.Option("--out", help="Output JSONL.", callback=out_file)],
     env: Annotated[str, typer.Option(help="Env name to record.")] = "unknown",
     default_reward: Annotated[float | None, typer.Option(help="Return for items without a reward.")] = None,
 ) -> None:
@@ -107,7 +112,7 @@ def data_import_eto(
 # ----------------------------------------------------------------------------- model
 @model_app.command("init-tiny")
 def model_init_tiny(
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the model to.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model to.", callback=out_dir)],
     preset: str = "tiny",
     seed: int = 0,
 ) -> None:
@@ -137,14 +142,14 @@ WorkerBackendOpt = Annotated[str, typer.Option(
 def collect(
     env: Annotated[str, typer.Option(help="Env name.")],
     policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
-    out: Annotated[Path, typer.Option(help="Output JSONL (appended; a rerun resumes).")],
+    out: Annotated[Path, typer.Option(help="Output JSONL (appended; a rerun resumes).", callback=out_file)],
     split: str = "train",
-    episodes: int = 100,
-    num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step.")] = 32,
+    episodes: Episodes = 100,
+    num_envs: NumEnvs = 32,
     seed: int = 0,
-    temperature: float = 1.0,
-    max_new_tokens: int = 64,
-    history: int | None = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 1.0,
+    max_new_tokens: MaxNewTokens = 64,
+    history: History = None,
     env_opt: EnvOpt = None,
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
@@ -170,16 +175,16 @@ def collect(
 def eval_cmd(
     env: Annotated[str, typer.Option(help="Env name.")],
     policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
-    out: Annotated[Path, typer.Option(help="Report JSON.")],
+    out: Annotated[Path, typer.Option(help="Report JSON.", callback=out_file)],
     split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable).")] = None,
-    episodes: int = 100,
-    num_envs: int = 32,
+    episodes: Episodes = 100,
+    num_envs: NumEnvs = 32,
     seed: int = 0,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    max_new_tokens: int = 64,
-    history: int | None = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    max_new_tokens: MaxNewTokens = 64,
+    history: History = None,
     env_opt: EnvOpt = None,
-    trajectories: Annotated[Path | None, typer.Option(help="Also write the episodes here.")] = None,
+    trajectories: Annotated[Path | None, typer.Option(help="Also write the episodes here.", callback=out_file)] = None,
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
     worker_backend: WorkerBackendOpt = "process",
@@ -212,7 +217,7 @@ def eval_cmd(
 def train_sft_cmd(
     model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
     data: Annotated[Path, typer.Option(help="Trajectories (turnrl JSONL or ETO format).")],
-    out: Annotated[Path, typer.Option(help="Output directory.")],
+    out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)],
     overrides: Overrides = None,
     config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last checkpoint.")] = False,
@@ -237,7 +242,7 @@ def _preference_command(loss: str) -> None:
     def command(
         model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
         pairs: Annotated[Path, typer.Option(help="Pairs JSONL (scored samples for sppo).")],
-        out: Annotated[Path, typer.Option(help="Output directory.")],
+        out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)],
         overrides: Overrides = None,
         config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,
         eval_pairs: Annotated[Path | None, typer.Option(help="Held-out pairs: loss and accuracy are logged.")] = None,
@@ -266,12 +271,12 @@ import turnrl.cli.rl  # noqa: E402,F401  (registers train ppo and study greedy)
 
 @app.command()
 def pairs(
-    out: Annotated[Path, typer.Option(help="Output JSONL.")],
+    out: Annotated[Path, typer.Option(help="Output JSONL.", callback=out_file)],
     explored: Annotated[list[Path], typer.Option(help="Explored (agent) trajectories (repeatable).")],
     expert: Annotated[list[Path] | None, typer.Option(help="Expert trajectories (repeatable).")] = None,
     mode: Annotated[str, typer.Option(help="trajectory, step, mixed or self-play.")] = "trajectory",
     losers: Annotated[str, typer.Option(help="clean (drop degenerate losers) or noisy (keep them).")] = "noisy",
-    truncate_k: Annotated[int | None, typer.Option(help="Cut losers to the winner's turns + K.")] = None,
+    truncate_k: Annotated[int | None, typer.Option(min=0, help="Cut losers to the winner's turns + K.")] = None,
     scored: Annotated[bool, typer.Option(help="Write SPPO scored samples instead of pairs.")] = False,
     tau: Annotated[float, typer.Option(help="Reward-oracle temperature for --scored.")] = 1.0,
 ) -> None:
@@ -314,7 +319,7 @@ def pairs(
 # ------------------------------------------------------------------------- quickstart
 @app.command()
 def quickstart(
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/quickstart"),
+    out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)] = Path("runs/quickstart"),
     fast: Annotated[bool, typer.Option(help="A smaller run (about a third of the time).")] = False,
     resume: Annotated[bool, typer.Option(help="Reuse finished stages in --out.")] = True,
 ) -> None:
@@ -336,12 +341,9 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("accelerate").setLevel(logging.ERROR)  # checkpoint chatter on tied weights
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="turnrl", standalone_mode=False)
     except TurnRLError as e:
-        from rich.markup import escape
-
-        # escaped: "pip install 'turnrl[ray]'" is text, not a rich style tag
-        err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _print_error(str(e))
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -350,12 +352,21 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Exception as e:  # click usage errors arrive here in non-standalone mode
         errors, aborts = _click_exceptions()
-        if isinstance(e, errors):
-            e.show()  # type: ignore[attr-defined]  # click's usage message, no traceback
+        if isinstance(e, errors):  # click's message in one line, with where to read the usage
+            ctx = getattr(e, "ctx", None)
+            usage = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            _print_error(e.format_message() + usage)  # type: ignore[attr-defined]
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         if isinstance(e, aborts):
             sys.exit(1)
         raise
+
+
+def _print_error(message: str) -> None:
+    from rich.markup import escape
+
+    # escaped: "pip install 'turnrl[ray]'" is text, not a rich style tag
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _click_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:

@@ -20,6 +20,7 @@ from typing import Annotated
 import typer
 
 from turnrl.cli import console, train_app
+from turnrl.cli.options import out_dir
 
 _DOCS = {
     "archer": "ArCHer: utterance-level double critic + token-level policy gradient (online, replay).",
@@ -32,7 +33,7 @@ def _register(algo: str) -> None:
     def command(
         model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
         env: Annotated[str, typer.Option(help="Environment name (turnrl envs list).")],
-        out: Annotated[Path, typer.Option(help="Output directory.")],
+        out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)],
         overrides: Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.",
                                                               show_default=False)] = None,
         config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,

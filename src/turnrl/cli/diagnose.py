@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from turnrl.cli.options import out_dir
+
 diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnostics (regret, coverage, "
                                                       "frequency bias, knowing-doing gap).")
 
@@ -27,7 +29,7 @@ def diagnose_bandit(
     policy: Annotated[list[str], typer.Option(
         "--policy", help="Scripted algorithm (ucb, ucb:c=2, thompson, epsilon-greedy:eps=0.1, greedy, random, "
                          "linucb) or a model directory / hub id / tiny. Repeatable.")],
-    out: Annotated[Path, typer.Option(help="Output directory (diagnostics.json and PNGs).")],
+    out: Annotated[Path, typer.Option(help="Output directory (diagnostics.json and PNGs).", callback=out_dir)],
     env: Annotated[str, typer.Option(help="bandit or contextual_bandit.")] = "bandit",
     env_opt: Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")] = None,
     instances: Annotated[int, typer.Option(help="Bandit instances (the first tasks of --split).")] = 64,
@@ -36,7 +38,7 @@ def diagnose_bandit(
     seed: int = 0,
     num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step (models).")] = 32,
     temperature: Annotated[float, typer.Option(help="Model sampling temperature; 0 = greedy.")] = 0.0,
-    max_new_tokens: int = 192,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 192,
     aid: Annotated[list[str] | None, typer.Option(
         "--aid", help="Exploration aid for model policies: epsilon-greedy[:eps=0.1], try-all, "
                       "self-consistency[:k=5], summary, randomize. Repeatable.")] = None,

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from turnrl.cli import app, console, train_app
+from turnrl.cli.options import out_dir
 
 study_app = typer.Typer(no_args_is_help=True, help="Reproducible studies (several methods, seeds, one report).")
 app.add_typer(study_app, name="study")
@@ -28,7 +29,7 @@ app.add_typer(study_app, name="study")
 def train_ppo_cmd(
     model: Annotated[str, typer.Option(help="Model directory, hub id, or tiny.")],
     env: Annotated[str, typer.Option(help="Environment name (turnrl envs list).")],
-    out: Annotated[Path, typer.Option(help="Output directory.")],
+    out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)],
     overrides: Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.",
                                                           show_default=False)] = None,
     env_opt: Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")] = None,
@@ -48,7 +49,7 @@ def train_ppo_cmd(
 
 @study_app.command("greedy")
 def study_greedy_cmd(
-    out: Annotated[Path, typer.Option(help="Output directory (runs, results.json, PNGs).")] = Path("runs/greedy"),
+    out: Annotated[Path, typer.Option(help="Output directory (runs, results.json, PNGs).", callback=out_dir)] = Path("runs/greedy"),
     seeds: Annotated[int, typer.Option(help="Seeds per trained row (>= 3 for CIs).")] = 3,
     fast: Annotated[bool, typer.Option(help="A much smaller run (for tests; no claims).")] = False,
     docs: Annotated[Path | None, typer.Option(help="Also write the tables and plots into this directory.")] = None,

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from turnrl.cli.options import out_dir, out_file
+
 console = Console()
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
@@ -28,10 +30,10 @@ def sppo(
 
 def comparisons(
     trajectories: Annotated[list[Path], typer.Option(help="Trajectories JSONL (repeatable).")],
-    out: Annotated[Path, typer.Option(help="Output comparisons JSONL.")],
+    out: Annotated[Path, typer.Option(help="Output comparisons JSONL.", callback=out_file)],
     tau: Annotated[float, typer.Option(help="Env-reward oracle temperature.")] = 1.0,
     soft: Annotated[bool, typer.Option(help="Keep the oracle's soft probability as the label.")] = False,
-    pairs_per_task: Annotated[int | None, typer.Option(help="At most this many pairs a task.")] = None,
+    pairs_per_task: Annotated[int | None, typer.Option(min=1, help="At most this many pairs a task.")] = None,
     skip_ties: Annotated[bool, typer.Option(help="Drop pairs with equal returns.")] = False,
     seed: int = 0,
 ) -> None:
@@ -50,7 +52,7 @@ def comparisons(
 
 def train_preference_model_cmd(
     data: Annotated[Path, typer.Option(help="Comparisons JSONL (turnrl comparisons).")],
-    out: Annotated[Path, typer.Option(help="Output directory.")],
+    out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)],
     overrides: Overrides = None,
     config: Annotated[Path | None, typer.Option(help="YAML config.")] = None,
     eval_data: Annotated[Path | None, typer.Option(help="Held-out comparisons: agreement is logged.")] = None,

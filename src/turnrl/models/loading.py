@@ -20,6 +20,31 @@ def turnrl_home() -> Path:
     return Path(os.environ.get("TURNRL_HOME", Path.home() / ".cache" / "turnrl"))
 
 
+def _local_dir(text: str) -> Path | None:
+    """The model folder ``text`` names when it looks like a path (starts with ``.``, ``/`` or
+    ``~``, or exists), checked to hold a ``config.json``; None for a hub id."""
+    p = Path(text).expanduser()
+    if not (text.startswith((".", "/", "~")) or p.exists() or os.sep in text and text.count("/") > 1):
+        return None
+    if p.exists() and not p.is_dir():
+        raise TurnRLError(f"{text}: is a file, not a model folder")
+    if not p.is_dir():
+        raise TurnRLError(f"model path not found: {text}")
+    if not (p / "config.json").is_file():
+        raise TurnRLError(f"{text}: not a model directory (no config.json)")
+    return p
+
+
+def check_model_name(name: str | Path, key: str = "model") -> None:
+    """Fail early (one line naming ``key``) when ``name`` is a local path but no model folder;
+    ``tiny`` and hub ids pass (they are resolved when loaded)."""
+    if str(name) != TINY:
+        try:
+            _local_dir(str(name))
+        except TurnRLError as e:
+            raise TurnRLError(f"{key}: {e}") from None
+
+
 def resolve_model_path(name: str | Path) -> str:
     """A local directory, ``tiny`` (built on demand), or a hub id (validated by loading).
 
@@ -31,15 +56,8 @@ def resolve_model_path(name: str | Path) -> str:
         from turnrl.models.tiny import ensure_tiny
 
         return str(ensure_tiny())
-    p = Path(text).expanduser()
-    looks_like_path = text.startswith((".", "/", "~")) or p.exists() or os.sep in text and text.count("/") > 1
-    if looks_like_path:
-        if not p.is_dir():
-            raise TurnRLError(f"model path not found: {text}")
-        if not (p / "config.json").is_file():
-            raise TurnRLError(f"{text}: not a model directory (no config.json)")
-        return str(p)
-    return text
+    p = _local_dir(text)
+    return text if p is None else str(p)
 
 
 def _hub_hint(name: str | Path) -> str:

@@ -85,6 +85,7 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
         raise TurnRLError(f"unknown tiny preset '{preset}'; choose from: {', '.join(PRESETS)}")
     hidden, inter, layers, heads, vocab = PRESETS[preset]
     out = Path(out)
+    _check_replaceable(out)
     unknown_envs = [n for n in env_names if n not in CORPUS_ENVS]
     if unknown_envs:
         raise TurnRLError(f"tiny corpus: unknown env {unknown_envs[0]!r}; choose from: {', '.join(CORPUS_ENVS)}")
@@ -141,6 +142,17 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """``out`` may be replaced by a new tiny model: absent, an empty folder, or an earlier tiny
+    model (it holds the ``TURNRL_TINY`` marker). Anything else is a user's and is not deleted."""
+    from turnrl.errors import check_output
+
+    check_output(out, "tiny model folder", directory=True)
+    if out.is_dir() and any(out.iterdir()) and not (out / "TURNRL_TINY").is_file():
+        raise TurnRLError(f"{out}: not empty and not a tiny model; choose an empty or new folder "
+                          "(an earlier tiny model there is replaced)")
 
 
 def ensure_tiny() -> Path:

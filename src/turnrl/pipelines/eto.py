@@ -38,6 +38,7 @@ Departures from the papers:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -115,8 +116,16 @@ class AgentPipelineConfig(Config):
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
                             invalid_penalty=self.invalid_penalty)
 
-    def check_eval_splits(self) -> None:
-        """One line for an unknown split in ``eval_splits``."""
+    def check_common(self) -> None:
+        """Before any work, one line for: an unknown env, a bad env option (the env is built once),
+        a starting model path that is no model folder, an unknown split in ``eval_splits``."""
+        from turnrl import envs
+        from turnrl.models.loading import check_model_name
+
+        envs.make(self.env, **self.env_opts).close()
+        for key in ("model", "base"):
+            if getattr(self, key) is not None:
+                check_model_name(getattr(self, key), key)
         for s in self.eval_splits:
             if s not in ("train", "seen", "unseen"):
                 raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
@@ -153,7 +162,10 @@ class EtoConfig(AgentPipelineConfig):
             raise TurnRLError(f"expert_episodes must be >= 1 (got {self.expert_episodes})")
         if self.samples_per_task < 1:
             raise TurnRLError(f"samples_per_task must be >= 1 (got {self.samples_per_task})")
-        self.check_eval_splits()
+        for key in ("explore_temperature", "sample_temperature"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise TurnRLError(f"{key} must be a finite number >= 0 (got {getattr(self, key)})")
+        self.check_common()
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
         return self

@@ -92,7 +92,7 @@ class SPPOConfig(AgentPipelineConfig):
             raise TurnRLError(f"train_tasks must be >= 1 (got {self.train_tasks})")
         if self.temperature < 0:
             raise TurnRLError(f"temperature must be >= 0 (got {self.temperature})")
-        self.check_eval_splits()
+        self.check_common()
         return self
 
     def eto_view(self) -> Any:

@@ -23,8 +23,9 @@ from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
+from pydantic import field_validator
 
-from turnrl.config import Config
+from turnrl.config import Config, in_range
 
 
 class SamplingConfig(Config):
@@ -33,6 +34,21 @@ class SamplingConfig(Config):
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        return in_range(v, 0)
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        return in_range(v, 0, 1, lo_open=True)
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _max_new_tokens(cls, v: int) -> int:
+        return in_range(v, 1)
 
 
 @dataclass

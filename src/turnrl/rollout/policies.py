@@ -6,9 +6,12 @@ returns each one's reply text (and, for models, the sampled token ids and log-pr
 
 from __future__ import annotations
 
+import difflib
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from turnrl.agent.prompting import agent_view, format_turn
@@ -117,6 +120,7 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     scripted = load_scripted(spec)
     if scripted is not None:
         return scripted
+    _check_not_a_typo(spec)
     from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
     from turnrl.rollout.engine import HFEngine
     from turnrl.rollout.vllm_engine import ENGINES, VLLMEngine, import_vllm
@@ -137,6 +141,24 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
     return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec)
+
+
+def _check_not_a_typo(spec: str) -> None:
+    """A spec that is no path, no ``org/name`` id and close to a built-in policy name is a typo
+    (``exper``): one line now instead of a minute of hub retries. Other plain names (``gpt2``)
+    stay hub ids."""
+    from turnrl.bandits.algorithms import ALGORITHMS, ALIASES
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import TINY
+
+    if "/" in spec or os.sep in spec or Path(spec).expanduser().exists():
+        return
+    names = ["expert", "random", TINY, *ALGORITHMS, *ALIASES]
+    head = spec.split(":", 1)[0].strip().lower()
+    close = difflib.get_close_matches(head, names, n=1, cutoff=0.75)  # strict: "gpt2" stays a hub id
+    if close and head not in names:
+        raise TurnRLError(f"unknown policy '{spec}' (did you mean '{close[0]}'?); built-in: expert, random, "
+                          f"{TINY}, {', '.join(sorted(set(ALGORITHMS) - {'random'}))}; or a model folder or hub id")
 
 
 def _gen_eos(model: Any) -> list[int]:

@@ -75,7 +75,7 @@ from accelerate.utils import broadcast_object_list
 from pydantic import ValidationInfo, field_validator
 from torch.optim.lr_scheduler import LambdaLR
 
-from turnrl.config import Config
+from turnrl.config import Config, history_window, in_range
 from turnrl.errors import TurnRLError
 
 __all__ = [
@@ -110,6 +110,16 @@ class LoraSettings(Config):
     #: modules trained in full next to the adapter (e.g. PPO's ``value_head``)
     modules_to_save: list[str] | None = None
 
+    @field_validator("r", "alpha")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        return in_range(v, 1)
+
+    @field_validator("dropout")
+    @classmethod
+    def _probability(cls, v: float) -> float:
+        return in_range(v, 0, 1, hi_open=True)
+
 
 class TrainConfig(Config):
     """Optimisation settings shared by every trainer."""
@@ -142,6 +152,36 @@ class TrainConfig(Config):
     log_every: int = 1
     eval_every: int = 0
     lora: LoraSettings | None = None
+
+    @field_validator("lr", "epochs", "weight_decay", "max_grad_norm")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        return in_range(v, 0)
+
+    @field_validator("batch_size", "grad_accum", "log_every", "keep_checkpoints")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        return in_range(v, 1)
+
+    @field_validator("max_length", "row_tokens", check_fields=False)  # the trainers' that encode text
+    @classmethod
+    def _length(cls, v: int) -> int:
+        return in_range(v, 1)
+
+    @field_validator("history", check_fields=False)
+    @classmethod
+    def _history(cls, v: int | None) -> int | None:
+        return history_window(v)
+
+    @field_validator("max_steps", "save_every", "eval_every")
+    @classmethod
+    def _count(cls, v: int) -> int:
+        return in_range(v, 0)
+
+    @field_validator("warmup_ratio")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        return in_range(v, 0, 1)
 
     @field_validator("momentum")
     @classmethod
@@ -329,9 +369,6 @@ class Trainer:
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
-        for name in ("batch_size", "grad_accum"):
-            if getattr(cfg, name) < 1:
-                raise TurnRLError(f"train.{name} must be >= 1 (got {getattr(cfg, name)})")
         if cfg.max_steps <= 0 and cfg.epochs <= 0:
             raise TurnRLError(f"train.epochs must be > 0 when train.max_steps is 0 (got {cfg.epochs})")
         self.cfg = cfg

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import field_validator
 
+from turnrl.config import in_range
 from turnrl.data.io import read_pairs, read_trajectories
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
@@ -85,6 +86,26 @@ class PreferenceConfig(TrainConfig):
     """Earlier exchanges in each turn's context, as the agent saw them when acting (``None``: the
     whole trajectory is one sequence). With a window, each turn is its own sequence (its
     :func:`~turnrl.agent.prompting.agent_view`) and a side's log-prob sums them."""
+
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, v: float) -> float:
+        return in_range(v, 0, lo_open=True)
+
+    @field_validator("sft_weight")
+    @classmethod
+    def _sft_weight(cls, v: float) -> float:
+        return in_range(v, 0)
+
+    @field_validator("label_smoothing")
+    @classmethod
+    def _label_smoothing(cls, v: float) -> float:
+        return in_range(v, 0, 0.5, hi_open=True)
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, v: float) -> float:
+        return in_range(v, 0, 1, lo_open=True)
 
 
 @dataclass
@@ -398,16 +419,8 @@ def train_preference(
 
     if cfg.loss not in LOSSES:
         raise TurnRLError(f"unknown loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
-    if not cfg.beta > 0 or not math.isfinite(cfg.beta):
-        raise TurnRLError(f"beta must be a positive number (got {cfg.beta})")
-    if cfg.sft_weight < 0:
-        raise TurnRLError(f"sft_weight must be >= 0 (got {cfg.sft_weight})")
     if cfg.sft_weight > 0 and cfg.loss == "sppo":
         raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
-    if not 0 <= cfg.label_smoothing < 0.5:
-        raise TurnRLError(f"label_smoothing must be in [0, 0.5) (got {cfg.label_smoothing})")
-    if not 0 < cfg.gamma <= 1:
-        raise TurnRLError(f"gamma must be in (0, 1] (got {cfg.gamma})")
     tok = load_tokenizer(model_name)
     chat = ChatFormat(tok)
     pad_id = tok.pad_token_id or 0

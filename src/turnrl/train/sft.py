@@ -122,6 +122,8 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
     chat = ChatFormat(tok)
     examples, stats = encode_trajectories(trajs, chat, max_length=cfg.max_length, history=cfg.history)
     if not examples:
+        if not any(m.role == "assistant" for t in trajs for m in t.messages):
+            raise TurnRLError(f"{data}: no trajectory has an agent (assistant) turn to train on")
         raise TurnRLError(f"{data}: every trajectory is longer than max_length={cfg.max_length} at its first turn")
     model = load_model(model_name, dtype="float32" if cfg.mixed_precision == "no" else "auto")
     run_config = {"algo": "sft", "model": str(model_name), "data": file_hash(data), "sft": cfg.model_dump(mode="json")}

@@ -1,0 +1,26 @@
+"""Option helpers shared by the command modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from turnrl.errors import check_output
+
+
+def _output_check(directory: bool) -> Any:
+    """A typer callback: the option's path can be written as a file (or a folder), checked
+    before the command does any work (:func:`turnrl.errors.check_output`)."""
+
+    def callback(param: typer.CallbackParam, value: Path | None) -> Path | None:
+        if value is not None:
+            check_output(value, (param.opts or [param.name or "path"])[0], directory=directory)
+        return value
+
+    return callback
+
+
+#: ``callback=`` of an option naming a file / a folder the command writes
+out_file, out_dir = _output_check(False), _output_check(True)

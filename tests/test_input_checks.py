@@ -1,0 +1,156 @@
+"""Bad input found before any work: output paths, value ranges, typos of built-in names,
+another run's file under --out. Each is one line on stderr, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_cli import one_line_error, run  # tests/ is on sys.path (pytest's rootdir-less import)
+
+from turnrl.config import load_config
+from turnrl.errors import TurnRLError
+
+
+def test_usage_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "e.json"
+    base = ["eval", "--env", "tictactoe", "--policy", "random", "--out", str(out)]
+    for extra, flag in ((["--episodes", "0"], "--episodes"), (["--temperature", "-1"], "--temperature"),
+                        (["--history", "-1"], "--history"), (["--num-envs", "0"], "--num-envs"),
+                        (["--max-new-tokens", "0"], "--max-new-tokens"), (["--episodes", "x"], "--episodes")):
+        code, _, err = run(base + extra, capsys)
+        line = one_line_error(code, err)
+        assert code == 2 and flag in line and "turnrl eval --help" in line, line
+    code, _, err = run(["collect", "--env", "bandit", "--out", str(tmp_path / "x.jsonl")], capsys)
+    assert "--policy" in one_line_error(code, err)
+    assert not out.exists() and not (tmp_path / "x.jsonl").exists()
+
+
+def test_output_paths_are_checked_first(tmp_path: Path, capsys) -> None:
+    regfile = tmp_path / "regfile"
+    regfile.write_text("mine\n")
+    cases = [
+        (["eval", "--env", "tictactoe", "--policy", "random", "--out", str(regfile / "e.json")], "is a file"),
+        (["eval", "--env", "tictactoe", "--policy", "random", "--out", str(tmp_path)], "is a folder"),
+        (["eval", "--env", "tictactoe", "--policy", "random", "--out", str(tmp_path / "e.json"),
+          "--trajectories", str(tmp_path)], "--trajectories"),
+        (["collect", "--env", "tictactoe", "--policy", "expert", "--out", str(tmp_path)], "is a folder"),
+        (["train", "sft", "--model", "tiny", "--data", "x.jsonl", "--out", str(regfile)], "is a file"),
+        (["train", "dpo", "--model", "tiny", "--pairs", "x.jsonl", "--out", str(regfile)], "is a file"),
+        (["quickstart", "--out", str(regfile)], "is a file"),
+        (["model", "init-tiny", "--out", str(regfile)], "is a file"),
+    ]
+    for args, what in cases:
+        code, _, err = run(args, capsys)
+        line = one_line_error(code, err)
+        assert code == 2 and what in line, (args, line)
+    assert regfile.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["regfile"]  # nothing written, no temp folder
+
+
+def test_init_tiny_keeps_a_users_folder(tmp_path: Path, capsys) -> None:
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious\n")
+    code, _, err = run(["model", "init-tiny", "--out", str(mine)], capsys)
+    assert "not empty and not a tiny model" in one_line_error(code, err)
+    assert (mine / "notes.txt").read_text() == "precious\n" and (mine / "sub").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # refused before a model was built aside
+
+
+def test_init_tiny_replaces_an_earlier_tiny_model(tmp_path: Path) -> None:
+    from turnrl.models.tiny import build_tiny
+
+    out = tmp_path / "tiny"
+    build_tiny(out, episodes_per_split=2, env_names=("tictactoe",))
+    (out / "stale.bin").write_text("old")
+    build_tiny(out, episodes_per_split=2, env_names=("tictactoe",))
+    assert (out / "config.json").is_file() and not (out / "stale.bin").exists()
+
+
+def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> None:
+    demos = tmp_path / "demos.jsonl"
+    collect = ["collect", "--env", "tictactoe", "--out", str(demos)]
+    code, _, _ = run(collect + ["--policy", "expert", "--episodes", "6"], capsys)
+    assert code == 0
+    before = demos.read_text()
+    for extra, what in ((["--policy", "random", "--episodes", "8"], "policy 'expert'"),
+                        (["--policy", "expert", "--episodes", "8", "--seed", "3"], "other settings"),
+                        (["--policy", "random", "--episodes", "2", "--env", "bandit"], "env 'tictactoe'")):
+        code, _, err = run(collect + extra, capsys)
+        line = one_line_error(code, err)
+        assert str(demos) in line and what in line, line
+    assert demos.read_text() == before
+    code, out, _ = run(collect + ["--policy", "expert", "--episodes", "8"], capsys)  # the same run resumes
+    assert code == 0 and "8 episodes" in out
+    assert demos.read_text().startswith(before) and len(demos.read_text().splitlines()) == 8
+
+
+def test_policy_name_typos_fail_at_once() -> None:
+    from turnrl.rollout.policies import _check_not_a_typo, load_policy
+
+    for typo, meant in (("exper", "expert"), ("ucbb", "ucb"), ("randm", "random"), ("tinny", "tiny")):
+        with pytest.raises(TurnRLError, match=f"unknown policy '{typo}' \\(did you mean '{meant}'\\?\\)"):
+            load_policy(typo)
+    for hub_id in ("gpt2", "distilgpt2", "Qwen/Qwen2.5-0.5B-Instruct"):  # plain hub ids stay hub ids
+        _check_not_a_typo(hub_id)
+
+
+def test_config_values_are_checked_where_they_were_set(tmp_path: Path) -> None:
+    from turnrl.train.ppo import PPOConfig
+    from turnrl.train.preference import PreferenceConfig
+    from turnrl.train.sft import SFTConfig
+
+    for overrides, what in ((["lr=-1"], "override 'lr=-1': bad value for 'lr': must be a finite number >= 0"),
+                            (["lr=.nan"], "'lr': must be a finite number"),
+                            (["warmup_ratio=2"], "'warmup_ratio': must be in [0, 1]"),
+                            (["max_length=0"], "'max_length': must be >= 1"),
+                            (["history=-1"], "'history': must be >= 0"),
+                            (["lora.r=-3"], "'lora.r': must be >= 1"),
+                            (["train.lr=1e-4"], "unknown key 'train' (this config is flat: write 'lr' without 'train.')")):
+        with pytest.raises(TurnRLError) as e:
+            load_config(SFTConfig, overrides=overrides)
+        assert what in str(e.value), str(e.value)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("loss: dmpo\nbeta: 0.1\ngamma: 1.5\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml:3: bad value for 'gamma': must be in \(0, 1\]"):
+        load_config(PreferenceConfig, cfg)
+    with pytest.raises(TurnRLError, match="'beta': must be a finite number > 0"):
+        load_config(PreferenceConfig, overrides=["beta=0"])
+    with pytest.raises(TurnRLError, match="override 'ppo.gamma=2': unknown key 'ppo'.*'gamma' without 'ppo.'"):
+        load_config(PPOConfig, overrides=["ppo.gamma=2"])
+    assert load_config(SFTConfig, overrides=["lr=0"]).lr == 0  # lr 0 is a valid no-op run
+    with pytest.raises(TurnRLError, match="is a folder, not a config file"):
+        load_config(SFTConfig, tmp_path)
+
+
+def test_pipeline_configs_are_checked_before_any_stage(tmp_path: Path) -> None:
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    a_file = tmp_path / "model.bin"
+    a_file.write_text("x")
+    for kwargs, what in ((dict(env="chess"), "unknown env 'chess'"),
+                         (dict(env_opts={"opponnent": "minimax"}), "did you mean 'opponent'"),
+                         (dict(env_opts={"opponent": "minimx"}), "minimx"),
+                         (dict(model=str(tmp_path / "nomodel")), "model: model path not found"),
+                         (dict(model=str(a_file)), "model: " + str(a_file) + ": is a file, not a model folder"),
+                         (dict(explore_temperature=-1.0), "explore_temperature must be a finite number >= 0")):
+        with pytest.raises(TurnRLError) as e:
+            EtoConfig(out=str(tmp_path / "run"), **kwargs).check()  # type: ignore[arg-type]
+        assert what in str(e.value), str(e.value)
+    with pytest.raises(TurnRLError, match="unknown env 'chess'"):
+        SPPOConfig(env="chess").check()
+    assert not (tmp_path / "run").exists()
+
+
+def test_sft_data_without_agent_turns_says_so(tmp_path: Path, tiny_dir: Path) -> None:
+    from turnrl.data.io import write_jsonl
+    from turnrl.data.schema import Message, Trajectory
+    from turnrl.train.sft import SFTConfig, train_sft
+
+    data = tmp_path / "noagent.jsonl"
+    write_jsonl(data, [Trajectory(id="t0", env="tictactoe", task_id="ttt-s0",
+                                  messages=[Message("system", "Play."), Message("user", "board")])])
+    with pytest.raises(TurnRLError, match="no trajectory has an agent"):
+        train_sft(str(tiny_dir), data, tmp_path / "out", SFTConfig(max_steps=1))
