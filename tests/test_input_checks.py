@@ -23,6 +23,10 @@ def test_usage_errors_are_one_line(tmp_path: Path, capsys) -> None:
         assert code == 2 and flag in line and "turnrl eval --help" in line, line
     code, _, err = run(["collect", "--env", "bandit", "--out", str(tmp_path / "x.jsonl")], capsys)
     assert "--policy" in one_line_error(code, err)
+    code, _, err = run(base + ["--temperature", "inf"], capsys)  # in range for click, not a finite number
+    assert "'temperature': must be a finite number >= 0 (got inf)" in one_line_error(code, err)
+    code, out_text, err = run(["train"], capsys)  # a group without a command: its help, no error line
+    assert code == 2 and "sft" in out_text + err and "error" not in err
     assert not out.exists() and not (tmp_path / "x.jsonl").exists()
 
 
@@ -86,6 +90,19 @@ def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> 
     assert demos.read_text().startswith(before) and len(demos.read_text().splitlines()) == 8
 
 
+def test_a_model_folder_resumes_under_another_spelling(tmp_path: Path, tiny_dir: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnrl.collect import run_policy
+    from turnrl.rollout import SamplingConfig, load_policy
+
+    monkeypatch.chdir(tiny_dir.parent)
+    out = tmp_path / "s.jsonl"
+    sampling = SamplingConfig(temperature=0, max_new_tokens=8)
+    first = run_policy(load_policy(f"{tiny_dir.name}/", sampling=sampling), "tictactoe", episodes=2, out=out)
+    again = run_policy(load_policy(f"./{tiny_dir.name}", sampling=sampling), "tictactoe", episodes=3, out=out)
+    assert [t.id for t in again[:2]] == [t.id for t in first] and len(out.read_text().splitlines()) == 3
+
+
 def test_policy_name_typos_fail_at_once() -> None:
     from turnrl.rollout.policies import _check_not_a_typo, load_policy
 
@@ -122,6 +139,9 @@ def test_config_values_are_checked_where_they_were_set(tmp_path: Path) -> None:
     assert load_config(SFTConfig, overrides=["lr=0"]).lr == 0  # lr 0 is a valid no-op run
     with pytest.raises(TurnRLError, match="is a folder, not a config file"):
         load_config(SFTConfig, tmp_path)
+    cfg.write_text("lora: {r: 0}\n")  # the file's bad value, not an override elsewhere in its section
+    with pytest.raises(TurnRLError, match=r"c\.yaml:1: bad value for 'lora.r'"):
+        load_config(SFTConfig, cfg, ["lora.dropout=0.1"])
 
 
 def test_pipeline_configs_are_checked_before_any_stage(tmp_path: Path) -> None:
@@ -141,6 +161,10 @@ def test_pipeline_configs_are_checked_before_any_stage(tmp_path: Path) -> None:
         assert what in str(e.value), str(e.value)
     with pytest.raises(TurnRLError, match="unknown env 'chess'"):
         SPPOConfig(env="chess").check()
+    for overrides, what in ((["history=-1"], "'history': must be >= 0"),
+                            (["max_new_tokens=0"], "'max_new_tokens': must be >= 1")):
+        with pytest.raises(TurnRLError, match=what):
+            load_config(EtoConfig, overrides=overrides)
     assert not (tmp_path / "run").exists()
 
 

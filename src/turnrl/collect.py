@@ -6,6 +6,7 @@ collection again after a kill skips the episodes already in the file and plays t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -131,15 +132,20 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
     planned = {s.episode_id(env_name): s for s in specs}
     for t in done.values():
         theirs = t.meta.get("policy")
-        if t.env != env_name or (theirs is not None and theirs != policy_name):
-            raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs}'; this run: "
-                              f"env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
+        if t.env != env_name or (theirs is not None and not _same_policy(str(theirs), policy_name)):
+            raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs or '?'}'; this "
+                              f"run: env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
         spec = planned.get(t.id)
         if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
                                  or t.meta.get("seed", spec.seed) != spec.seed):
             raise TurnRLError(f"{out}: episode {t.id} was played with other settings (task '{t.task_id}', "
                               f"seed {t.meta.get('seed')}) than this run plans (task '{spec.task_id}', seed "
                               f"{spec.seed}); choose another --out or remove it")
+
+
+def _same_policy(a: str, b: str) -> bool:
+    """The same policy name, or two spellings of one model folder (``runs/m/``, ``./runs/m``)."""
+    return a == b or os.path.isdir(a) and os.path.isdir(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
 def evaluate(policy: Policy, env_name: str, *, split: str, episodes: int, policy_label: str | None = None,

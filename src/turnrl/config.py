@@ -90,7 +90,7 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
     if first.get("type") == "extra_forbidden":
         fields = _fields_at(cls, loc) if loc else []
         given = first.get("input")
-        if isinstance(given, dict) and given and all(k in fields for k in given):  # ppo.gamma=2 for gamma=2
+        if len(loc) == 1 and isinstance(given, dict) and given and all(k in fields for k in given):  # ppo.gamma=2
             hint = f" (this config is flat: write {', '.join(repr(str(k)) for k in given)} without '{loc[-1]}.')"
         else:
             hint = did_you_mean(str(loc[-1]), fields) if loc else ""
@@ -148,7 +148,8 @@ def _error_source(loc: tuple[Any, ...], overrides: list[str], path: Path | None,
         dotted = ".".join(parts[:n])
         for item in reversed(overrides):
             key = _split_override(item)[0]
-            if key == dotted or key.startswith(dotted + "."):
+            # an unknown section ('ppo' of 'ppo.gamma=2') was set by an override below it
+            if key == dotted or n == len(parts) and key.startswith(dotted + "."):
                 return f"override '{item}'"
     if path is None:
         return "config"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from turnrl.cli.diagnose import diagnose_app
@@ -345,6 +346,11 @@ def main(argv: list[str] | None = None) -> None:
     except TurnRLError as e:
         _print_error(str(e))
         sys.exit(e.exit_code)
+    except ValidationError as e:  # a settings object built from an option's value (--temperature inf)
+        from turnrl.config import format_validation_error
+
+        _print_error(format_validation_error(BaseModel, e, "option"))
+        sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
@@ -353,9 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # click usage errors arrive here in non-standalone mode
         errors, aborts = _click_exceptions()
         if isinstance(e, errors):  # click's message in one line, with where to read the usage
-            ctx = getattr(e, "ctx", None)
-            usage = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            _print_error(e.format_message() + usage)  # type: ignore[attr-defined]
+            ctx, message = getattr(e, "ctx", None), e.format_message()  # type: ignore[attr-defined]
+            if message:  # empty for a group called without a command: its help was printed
+                _print_error(message + (f" (see '{ctx.command_path} --help')" if ctx is not None else ""))
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         if isinstance(e, aborts):
             sys.exit(1)

@@ -37,7 +37,7 @@ def diagnose_bandit(
     split: str = "seen",
     seed: int = 0,
     num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step (models).")] = 32,
-    temperature: Annotated[float, typer.Option(help="Model sampling temperature; 0 = greedy.")] = 0.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Model sampling temperature; 0 = greedy.")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 192,
     aid: Annotated[list[str] | None, typer.Option(
         "--aid", help="Exploration aid for model policies: epsilon-greedy[:eps=0.1], try-all, "

@@ -44,8 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import field_validator
+
 from turnrl.agent.prompting import PromptConfig
-from turnrl.config import Config
+from turnrl.config import Config, history_window, in_range
 from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
@@ -112,6 +114,16 @@ class AgentPipelineConfig(Config):
     num_envs: int = 64
     max_new_tokens: int = 48
 
+    @field_validator("history")
+    @classmethod
+    def _history(cls, v: int | None) -> int | None:
+        return history_window(v)
+
+    @field_validator("expert_episodes", "eval_episodes", "num_envs", "max_new_tokens")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
+        return in_range(v, 1)
+
     def prompt(self) -> PromptConfig:
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
                             invalid_penalty=self.invalid_penalty)
@@ -158,8 +170,6 @@ class EtoConfig(AgentPipelineConfig):
         """Cross-field checks, one line each."""
         if self.iterations < 0:
             raise TurnRLError(f"iterations must be >= 0 (got {self.iterations})")
-        if self.expert_episodes < 1:
-            raise TurnRLError(f"expert_episodes must be >= 1 (got {self.expert_episodes})")
         if self.samples_per_task < 1:
             raise TurnRLError(f"samples_per_task must be >= 1 (got {self.samples_per_task})")
         for key in ("explore_temperature", "sample_temperature"):
