@@ -137,6 +137,9 @@ def test_config_values_are_checked_where_they_were_set(tmp_path: Path) -> None:
     with pytest.raises(TurnRLError, match="override 'ppo.gamma=2': unknown key 'ppo'.*'gamma' without 'ppo.'"):
         load_config(PPOConfig, overrides=["ppo.gamma=2"])
     assert load_config(SFTConfig, overrides=["lr=0"]).lr == 0  # lr 0 is a valid no-op run
+    cfg.write_text("lr: 0.1\nepochs: 2\nlr: 0.2\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml:3: key 'lr' is set twice"):
+        load_config(SFTConfig, cfg)
     with pytest.raises(TurnRLError, match="is a folder, not a config file"):
         load_config(SFTConfig, tmp_path)
     cfg.write_text("lora: {r: 0}\n")  # the file's bad value, not an override elsewhere in its section

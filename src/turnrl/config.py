@@ -157,6 +157,26 @@ def _error_source(loc: tuple[Any, ...], overrides: list[str], path: Path | None,
     return f"{path}:{line}" if line is not None else str(path)
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key set twice in one mapping is an error (PyYAML keeps the
+    last value silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(
     cls: type[C],
     path: str | Path | None = None,
@@ -176,7 +196,9 @@ def load_config(
             raise TurnRLError(f"{p}: {'is a folder, not a config file' if p.is_dir() else 'config file not found'}")
         text = p.read_text()
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+        except _DuplicateKey as e:
+            raise TurnRLError(f"{p}:{e.line}: key '{e.key}' is set twice (the first value would be lost)") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
