@@ -10,21 +10,50 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from turnrl.errors import TurnRLError, did_you_mean
 
 C = TypeVar("C", bound="Config")
-N = TypeVar("N", int, float)
+
+
+class Range(NamedTuple):
+    """The allowed values of a number: finite, from ``lo`` (to ``hi``), each end open or closed."""
+
+    lo: float
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, v: Any) -> Any:
+        """``v`` when allowed, else a ValueError that pydantic reports with the key and where it
+        was set: ``must be >= 1``, ``must be a finite number >= 0``, ``must be in (0, 1]``."""
+        above = v > self.lo if self.lo_open else v >= self.lo
+        below = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+        if math.isfinite(v) and above and below:
+            return v
+        if self.hi is None:
+            what = "a finite number " if isinstance(v, float) else ""
+            raise ValueError(f"must be {what}{'>' if self.lo_open else '>='} {self.lo:g}")
+        raise ValueError(f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}")
 
 
 class Config(BaseModel):
-    """Base of every config: unknown keys are rejected, assignments are validated."""
+    """Base of every config: unknown keys are rejected, assignments are validated, and the
+    numbers named in ``value_ranges`` are checked (None passes: an optional setting unset)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    #: field name -> allowed values; a subclass extends its parent's (``{**Parent.value_ranges, ...}``)
+    value_ranges: ClassVar[dict[str, Range]] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _in_range(cls, v: Any, info: ValidationInfo) -> Any:
+        allowed = cls.value_ranges.get(info.field_name or "")
+        return v if allowed is None or v is None else allowed.check(v)
 
 
 def parse_value(text: str) -> Any:
@@ -97,27 +126,6 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
         return f"{source}: unknown key '{key}'{hint}"
     msg = str(first.get("msg")).removeprefix("Value error, ")
     return f"{source}: bad value for '{key}': {msg} (got {first.get('input')!r})"
-
-
-def in_range(v: N, lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> N:
-    """``v`` if it is finite and within the bounds (a field validator's body), else a ValueError
-    whose message pydantic reports with the key and where it was set: ``must be >= 1``,
-    ``must be in (0, 1]``."""
-    above = v > lo if lo_open else v >= lo
-    below = hi is None or (v < hi if hi_open else v <= hi)
-    if math.isfinite(v) and above and below:
-        return v
-    if hi is None:
-        what = "a finite number " if isinstance(v, float) else ""
-        raise ValueError(f"must be {what}{'>' if lo_open else '>='} {lo:g}")
-    raise ValueError(f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
-
-
-def history_window(v: int | None) -> int | None:
-    """A ``history`` setting: earlier exchanges kept, >= 0, or None for all (a field validator's body)."""
-    if v is not None and v < 0:
-        raise ValueError("must be >= 0 (or None: the whole history)")
-    return v
 
 
 def _yaml_line(text: str, loc: tuple[Any, ...]) -> int | None:

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import field_validator
-
-from turnrl.config import Config, history_window
+from turnrl.config import Config, Range
 from turnrl.data.schema import Message
 
 
@@ -34,10 +32,7 @@ class PromptConfig(Config):
     invalid_action: Literal["random", "error", "end"] = "random"
     invalid_penalty: float = 0.0
 
-    @field_validator("history")
-    @classmethod
-    def _history(cls, v: int | None) -> int | None:
-        return history_window(v)
+    value_ranges = {"history": Range(0)}
 
 
 def system_message(instruction: str, cfg: PromptConfig) -> Message:

@@ -44,10 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import field_validator
-
 from turnrl.agent.prompting import PromptConfig
-from turnrl.config import Config, history_window, in_range
+from turnrl.config import Config, Range
 from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
@@ -114,15 +112,8 @@ class AgentPipelineConfig(Config):
     num_envs: int = 64
     max_new_tokens: int = 48
 
-    @field_validator("history")
-    @classmethod
-    def _history(cls, v: int | None) -> int | None:
-        return history_window(v)
-
-    @field_validator("expert_episodes", "eval_episodes", "num_envs", "max_new_tokens")
-    @classmethod
-    def _at_least_one(cls, v: int) -> int:
-        return in_range(v, 1)
+    value_ranges = {"history": Range(0), **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs",
+                                                          "max_new_tokens"), Range(1))}
 
     def prompt(self) -> PromptConfig:
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,

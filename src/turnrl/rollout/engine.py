@@ -23,9 +23,8 @@ from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
-from pydantic import field_validator
 
-from turnrl.config import Config, in_range
+from turnrl.config import Config, Range
 
 
 class SamplingConfig(Config):
@@ -35,20 +34,7 @@ class SamplingConfig(Config):
     top_p: float = 1.0
     max_new_tokens: int = 64
 
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v: float) -> float:
-        return in_range(v, 0)
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, v: float) -> float:
-        return in_range(v, 0, 1, lo_open=True)
-
-    @field_validator("max_new_tokens")
-    @classmethod
-    def _max_new_tokens(cls, v: int) -> int:
-        return in_range(v, 1)
+    value_ranges = {"temperature": Range(0), "top_p": Range(0, 1, lo_open=True), "max_new_tokens": Range(1)}
 
 
 @dataclass

@@ -75,7 +75,7 @@ from accelerate.utils import broadcast_object_list
 from pydantic import ValidationInfo, field_validator
 from torch.optim.lr_scheduler import LambdaLR
 
-from turnrl.config import Config, history_window, in_range
+from turnrl.config import Config, Range
 from turnrl.errors import TurnRLError
 
 __all__ = [
@@ -110,15 +110,7 @@ class LoraSettings(Config):
     #: modules trained in full next to the adapter (e.g. PPO's ``value_head``)
     modules_to_save: list[str] | None = None
 
-    @field_validator("r", "alpha")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        return in_range(v, 1)
-
-    @field_validator("dropout")
-    @classmethod
-    def _probability(cls, v: float) -> float:
-        return in_range(v, 0, 1, hi_open=True)
+    value_ranges = {"r": Range(1), "alpha": Range(1), "dropout": Range(0, 1, hi_open=True)}
 
 
 class TrainConfig(Config):
@@ -153,35 +145,12 @@ class TrainConfig(Config):
     eval_every: int = 0
     lora: LoraSettings | None = None
 
-    @field_validator("lr", "epochs", "weight_decay", "max_grad_norm")
-    @classmethod
-    def _non_negative(cls, v: float) -> float:
-        return in_range(v, 0)
-
-    @field_validator("batch_size", "grad_accum", "log_every", "keep_checkpoints")
-    @classmethod
-    def _at_least_one(cls, v: int) -> int:
-        return in_range(v, 1)
-
-    @field_validator("max_length", "row_tokens", check_fields=False)  # the trainers' that encode text
-    @classmethod
-    def _length(cls, v: int) -> int:
-        return in_range(v, 1)
-
-    @field_validator("history", check_fields=False)
-    @classmethod
-    def _history(cls, v: int | None) -> int | None:
-        return history_window(v)
-
-    @field_validator("max_steps", "save_every", "eval_every")
-    @classmethod
-    def _count(cls, v: int) -> int:
-        return in_range(v, 0)
-
-    @field_validator("warmup_ratio")
-    @classmethod
-    def _fraction(cls, v: float) -> float:
-        return in_range(v, 0, 1)
+    #: ``max_length``, ``row_tokens`` and ``history`` are the text trainers' (SFT, preference, PPO)
+    value_ranges = {**dict.fromkeys(("lr", "epochs", "weight_decay", "max_grad_norm", "max_steps", "save_every",
+                                     "eval_every", "history"), Range(0)),
+                    **dict.fromkeys(("batch_size", "grad_accum", "log_every", "keep_checkpoints", "max_length",
+                                     "row_tokens"), Range(1)),
+                    "warmup_ratio": Range(0, 1)}
 
     @field_validator("momentum")
     @classmethod

@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import field_validator
 
-from turnrl.config import in_range
+from turnrl.config import Range
 from turnrl.data.io import read_pairs, read_trajectories
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
@@ -87,25 +86,8 @@ class PreferenceConfig(TrainConfig):
     whole trajectory is one sequence). With a window, each turn is its own sequence (its
     :func:`~turnrl.agent.prompting.agent_view`) and a side's log-prob sums them."""
 
-    @field_validator("beta")
-    @classmethod
-    def _beta(cls, v: float) -> float:
-        return in_range(v, 0, lo_open=True)
-
-    @field_validator("sft_weight")
-    @classmethod
-    def _sft_weight(cls, v: float) -> float:
-        return in_range(v, 0)
-
-    @field_validator("label_smoothing")
-    @classmethod
-    def _label_smoothing(cls, v: float) -> float:
-        return in_range(v, 0, 0.5, hi_open=True)
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma(cls, v: float) -> float:
-        return in_range(v, 0, 1, lo_open=True)
+    value_ranges = {**TrainConfig.value_ranges, "beta": Range(0, lo_open=True), "sft_weight": Range(0),
+                    "label_smoothing": Range(0, 0.5, hi_open=True), "gamma": Range(0, 1, lo_open=True)}
 
 
 @dataclass
