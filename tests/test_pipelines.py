@@ -431,7 +431,9 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     strict = cfg.model_copy(update={"methods": ["sft", "eto"], "pipeline": cfg.pipeline.model_copy(
         update={"invalid_action": "end", "invalid_penalty": -1.0})})
     head = report(strict, rows, recs).split("\n")[2]
-    assert "ends the episode, reward -1)" in head and "Best-of" not in head
+    assert "ends the episode, reward -1)" in head and "Best-of" not in head and "data_seed" not in head
+    fixed = strict.model_copy(update={"pipeline": strict.pipeline.model_copy(update={"data_seed": 7})})
+    assert "one set of 200 demos for every seed: data_seed 7" in report(fixed, rows, recs).split("\n")[2]
     names = ["reward_by_method", "reward_by_iteration", "dmpo_gamma", "loser_length"]
     assert plot_all(cfg, recs, rows, tmp_path) == [f"{n}.png" for n in names]
     for name in names:

@@ -209,3 +209,24 @@ def test_compare_sppo_section_is_checked_and_applied(tmp_path: Path) -> None:
     assert (got.model, got.seed, got.iterations, got.out) == ("SFT", 3, 2, str(tmp_path / "sppo"))
     dpo = compare_config(run, "dpo")
     assert (dpo.loss, dpo.out, dpo.train.lr) == ("dpo", str(tmp_path / "sppo_dpo"), 1e-5)
+
+
+def test_data_seed_fixes_the_train_task_plan_across_seeds(tmp_path: Path) -> None:
+    """``data_seed`` fixes which games the demos and SPPO's samples play; ``seed`` alone varies them."""
+    from types import SimpleNamespace
+
+    from turnrl.pipelines.compare import CompareConfig
+    from turnrl.pipelines.eto import EtoConfig, _train_specs
+    from turnrl.pipelines.sppo import compare_config
+
+    def plan(**kw: int) -> list[int]:
+        return [s.seed for s in _train_specs(EtoConfig(expert_episodes=20, **kw))]
+
+    assert plan(seed=1) != plan(seed=2)
+    assert plan(seed=1, data_seed=7) == plan(seed=2, data_seed=7) == plan(seed=7)
+    run = SimpleNamespace(cfg=CompareConfig(methods=["sppo"]), pipe=EtoConfig(seed=3, data_seed=7), sft="SFT",
+                          dir=tmp_path)
+    got = compare_config(run)
+    assert (got.seed, got.data_seed, got.plan_seed()) == (3, 7, 7)
+    with pytest.raises(Exception, match=r"'data_seed' is set by the comparison"):
+        compare_config(SimpleNamespace(**{**vars(run), "cfg": CompareConfig(methods=["sppo"], sppo={"data_seed": 1})}))

@@ -403,9 +403,10 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         invalid += f", reward {p.invalid_penalty:+g}"
     bon = (f" (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task)" if "best_of_n" in cfg.methods
            else "")
+    demos = "" if p.data_seed is None else f" (one set of {p.expert_episodes} demos for every seed: data_seed {p.data_seed})"
     lines = [
         "# turnrl compare", "",
-        f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}, {p.eval_episodes} greedy episodes per "
+        f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}{demos}, {p.eval_episodes} greedy episodes per "
         f"split and seed{bon}. Avg reward and success: mean over "
         "seeds of each seed's mean, with a 95% CI across seeds (Student t). Minus SFT, paired: the mean over seeds of "
         "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI.", "",

@@ -109,11 +109,21 @@ class AgentPipelineConfig(Config):
     eval_episodes: int = 100
     eval_seed: int = 1
     seed: int = 0
+    """Seeds training (SFT and preference trainers' order and init), sampling and, unless
+    ``data_seed`` is set, the train-task plan."""
+    data_seed: int | None = None
+    """Seed of the train-task plan: which games the expert demos, exploration and SPPO's samples
+    play (None: ``seed``). Fixing it across the seeds of a comparison keeps one demo set, as the
+    papers' fixed expert datasets do, so that the seeds vary only the training."""
     num_envs: int = 64
     max_new_tokens: int = 48
 
     value_ranges = {"history": Range(0), **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs",
                                                           "max_new_tokens"), Range(1))}
+
+    def plan_seed(self) -> int:
+        """The seed of the train-task plan (``data_seed``, else ``seed``)."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     def prompt(self) -> PromptConfig:
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
@@ -195,7 +205,7 @@ def _train_specs(cfg: EtoConfig) -> list[EpisodeSpec]:
 
     env = envs.make(cfg.env, **cfg.env_opts)
     try:
-        return plan_episodes(env, "train", cfg.expert_episodes, cfg.seed)
+        return plan_episodes(env, "train", cfg.expert_episodes, cfg.plan_seed())
     finally:
         env.close()
 

@@ -116,7 +116,7 @@ def sample(cfg: SPPOConfig, model: str, out: Path, i: int) -> dict[str, Any]:
     _seed_torch(cfg.seed, "sppo-sample", i)
     env = envs.make(cfg.env, **cfg.env_opts)
     try:
-        tasks = plan_episodes(env, "train", cfg.train_tasks, cfg.seed)
+        tasks = plan_episodes(env, "train", cfg.train_tasks, cfg.plan_seed())
     finally:
         env.close()
     trajs = _play(_policy(model, eto, cfg.temperature), eto, _repeat(tasks, cfg.samples_per_task), out)
@@ -244,7 +244,7 @@ def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
                                   train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
                                   samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
                                   eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes,
-                                  eval_seed=pipe.eval_seed, seed=pipe.seed, num_envs=pipe.num_envs,
+                                  eval_seed=pipe.eval_seed, seed=pipe.seed, data_seed=pipe.data_seed, num_envs=pipe.num_envs,
                                   max_new_tokens=pipe.max_new_tokens)
     data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
     return _validate({**data, "out": str(run.dir / _method_name(loss)), "loss": loss}).check()
@@ -255,7 +255,7 @@ def _method_name(loss: str) -> str:
     return "sppo" if loss == "sppo" else f"sppo_{loss}"
 
 
-_SET_BY_COMPARE = ("out", "model", "env", "seed", "loss")
+_SET_BY_COMPARE = ("out", "model", "env", "seed", "data_seed", "loss")
 
 
 def _validate(data: dict[str, Any]) -> SPPOConfig:
@@ -267,7 +267,7 @@ def _validate(data: dict[str, Any]) -> SPPOConfig:
 
 def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
     """The ``sppo`` section of a compare config: any :class:`SPPOConfig` key but those the
-    comparison sets (``out``, ``model``, ``env``, ``seed``, ``loss``); one line for a bad one."""
+    comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``); one line for a bad one."""
     for key in _SET_BY_COMPARE:
         if key in section:
             raise TurnRLError(f"compare config, section sppo: '{key}' is set by the comparison")
