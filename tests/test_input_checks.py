@@ -136,6 +136,18 @@ def test_config_values_are_checked_where_they_were_set(tmp_path: Path) -> None:
         load_config(PreferenceConfig, overrides=["beta=0"])
     with pytest.raises(TurnRLError, match="override 'ppo.gamma=2': unknown key 'ppo'.*'gamma' without 'ppo.'"):
         load_config(PPOConfig, overrides=["ppo.gamma=2"])
+    from turnrl.train.archer import OnlineConfig
+    from turnrl.train.preference_model import PreferenceModelConfig
+
+    for config, override, what in ((PPOConfig, "gamma=2", "'gamma': must be in [0, 1]"),
+                                   (PPOConfig, "clip_eps=0", "'clip_eps': must be a finite number > 0"),
+                                   (OnlineConfig, "tau=1.5", "'tau': must be in [0, 1]"),
+                                   (OnlineConfig, "bc_top=0", "'bc_top': must be in (0, 1]"),
+                                   (OnlineConfig, "chai_k=0", "'chai_k': must be >= 1"),
+                                   (PreferenceModelConfig, "eval_fraction=1", "'eval_fraction': must be in [0, 1)")):
+        with pytest.raises(TurnRLError) as e:
+            load_config(config, overrides=[override])
+        assert f"override '{override}': bad value for {what}" in str(e.value), str(e.value)
     assert load_config(SFTConfig, overrides=["lr=0"]).lr == 0  # lr 0 is a valid no-op run
     cfg.write_text("lr: 0.1\nepochs: 2\nlr: 0.2\n")
     with pytest.raises(TurnRLError, match=r"c\.yaml:3: key 'lr' is set twice"):
@@ -157,15 +169,19 @@ def test_pipeline_configs_are_checked_before_any_stage(tmp_path: Path) -> None:
                          (dict(env_opts={"opponnent": "minimax"}), "did you mean 'opponent'"),
                          (dict(env_opts={"opponent": "minimx"}), "minimx"),
                          (dict(model=str(tmp_path / "nomodel")), "model: model path not found"),
-                         (dict(model=str(a_file)), "model: " + str(a_file) + ": is a file, not a model folder"),
-                         (dict(explore_temperature=-1.0), "explore_temperature must be a finite number >= 0")):
+                         (dict(model=str(a_file)), "model: " + str(a_file) + ": is a file, not a model folder")):
         with pytest.raises(TurnRLError) as e:
             EtoConfig(out=str(tmp_path / "run"), **kwargs).check()  # type: ignore[arg-type]
         assert what in str(e.value), str(e.value)
     with pytest.raises(TurnRLError, match="unknown env 'chess'"):
         SPPOConfig(env="chess").check()
+    with pytest.raises(TurnRLError, match="'samples_per_task': must be >= 2"):
+        load_config(SPPOConfig, overrides=["samples_per_task=1"])
     for overrides, what in ((["history=-1"], "'history': must be >= 0"),
-                            (["max_new_tokens=0"], "'max_new_tokens': must be >= 1")):
+                            (["max_new_tokens=0"], "'max_new_tokens': must be >= 1"),
+                            (["explore_temperature=-1"], "'explore_temperature': must be a finite number >= 0"),
+                            (["sample_temperature=nan"], "'sample_temperature': must be a finite number >= 0"),
+                            (["iterations=-1"], "'iterations': must be >= 0")):
         with pytest.raises(TurnRLError, match=what):
             load_config(EtoConfig, overrides=overrides)
     assert not (tmp_path / "run").exists()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from turnrl.errors import TurnRLError
 from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward, train_ppo
@@ -196,8 +197,10 @@ def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> N
     assert "kl_estimator" in run("--env", "bandit", "kl_estimator=k2")
     assert "nope" in run("--env", "nope")
     assert "arms" in run("--env", "bandit", "--env-opt", "arms=0")
-    with pytest.raises(TurnRLError, match="epsilon"):
-        train_ppo(str(tiny_dir), "bandit", tmp_path / "o", PPOConfig(epsilon=2.0))
+    assert "'epsilon': must be in [0, 1]" in run("--env", "bandit", "epsilon=2")
+    assert "'temperature': must be a finite number > 0" in run("--env", "bandit", "temperature=0")
+    with pytest.raises(ValidationError, match="epsilon"):
+        PPOConfig(epsilon=2.0)
 
 
 def test_compact_rationales_for_study_data() -> None:

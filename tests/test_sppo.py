@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from test_cli import one_line_error, run
 
 from turnrl.data.io import read_pairs, read_trajectories
@@ -63,8 +64,10 @@ def test_build_data_dpo_pairs_best_vs_worst(tmp_path: Path) -> None:
 
 
 def test_config_errors(capsys, tmp_path: Path) -> None:
-    with pytest.raises(TurnRLError, match="samples_per_task"):
-        SPPOConfig(samples_per_task=1).check()
+    with pytest.raises(ValidationError, match="samples_per_task"):
+        SPPOConfig(samples_per_task=1)
+    with pytest.raises(ValidationError, match="temperature"):
+        SPPOConfig(temperature=float("nan"))  # nan passed the old `< 0` check
     with pytest.raises(TurnRLError, match="eval_splits"):
         SPPOConfig(eval_splits=["test"]).check()
     code, _, err = run(["sppo", "samples_per_tsk=3"], capsys)

@@ -38,7 +38,6 @@ Departures from the papers:
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -167,15 +166,12 @@ class EtoConfig(AgentPipelineConfig):
     rft_init: Literal["current", "base"] = "current"
     rft_epochs: float = 1.0
 
+    value_ranges = {**AgentPipelineConfig.value_ranges, "iterations": Range(0), "samples_per_task": Range(1),
+                    "explore_temperature": Range(0), "sample_temperature": Range(0), "truncate_k": Range(0),
+                    "explore_tasks": Range(1), "rft_epochs": Range(0, lo_open=True)}
+
     def check(self) -> EtoConfig:
         """Cross-field checks, one line each."""
-        if self.iterations < 0:
-            raise TurnRLError(f"iterations must be >= 0 (got {self.iterations})")
-        if self.samples_per_task < 1:
-            raise TurnRLError(f"samples_per_task must be >= 1 (got {self.samples_per_task})")
-        for key in ("explore_temperature", "sample_temperature"):
-            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
-                raise TurnRLError(f"{key} must be a finite number >= 0 (got {getattr(self, key)})")
         self.check_common()
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")

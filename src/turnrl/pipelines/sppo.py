@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from turnrl.config import format_validation_error, merge
+from turnrl.config import Range, format_validation_error, merge
 from turnrl.data.io import read_trajectories, write_jsonl
 from turnrl.data.pairs import self_play_pairs
 from turnrl.data.schema import Pair, Trajectory
@@ -83,15 +83,10 @@ class SPPOConfig(AgentPipelineConfig):
     """sppo; or dpo on each task's best-vs-worst pair by win rate (the self-play DPO baseline)."""
     train: PreferenceConfig = _default_train()
 
+    value_ranges = {**AgentPipelineConfig.value_ranges, "iterations": Range(0), "samples_per_task": Range(2),
+                    "train_tasks": Range(1), "temperature": Range(0)}
+
     def check(self) -> SPPOConfig:
-        if self.iterations < 0:
-            raise TurnRLError(f"iterations must be >= 0 (got {self.iterations})")
-        if self.samples_per_task < 2:
-            raise TurnRLError(f"samples_per_task must be >= 2 to compare samples (got {self.samples_per_task})")
-        if self.train_tasks < 1:
-            raise TurnRLError(f"train_tasks must be >= 1 (got {self.train_tasks})")
-        if self.temperature < 0:
-            raise TurnRLError(f"temperature must be >= 0 (got {self.temperature})")
         self.check_common()
         return self
 

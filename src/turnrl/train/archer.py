@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from turnrl.agent.prompting import PromptConfig, agent_view
-from turnrl.config import Config
+from turnrl.config import Config, Range
 from turnrl.data.schema import Message, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.losses import (
@@ -159,6 +159,12 @@ class OnlineConfig(Config):
     #: iterations between checkpoints (the last iteration is always saved)
     save_every: int = 1
     keep_checkpoints: int = 2
+
+    value_ranges = {**dict.fromkeys(("iterations", "episodes_per_iteration", "num_envs", "capacity", "chai_k",
+                                     "eval_episodes", "save_every", "keep_checkpoints"), Range(1)),
+                    **dict.fromkeys(("critic_steps", "actor_steps", "warmup_iterations", "bc_steps", "eval_every",
+                                     "actor_kl", "eval_temperature"), Range(0)),
+                    **dict.fromkeys(("gamma", "tau"), Range(0, 1)), "bc_top": Range(0, 1, lo_open=True)}
 
 
 # --------------------------------------------------------------------------- data
@@ -408,17 +414,6 @@ class OnlineRun:
 
         if algo not in ("archer", "chai", "filtered_bc"):
             raise TurnRLError(f"unknown online algorithm {algo!r}")
-        for key in ("iterations", "episodes_per_iteration", "num_envs", "save_every"):
-            if getattr(cfg, key) < 1:
-                raise TurnRLError(f"{key} must be >= 1 (got {getattr(cfg, key)})")
-        if not 0.0 <= cfg.tau <= 1.0 or not 0.0 <= cfg.gamma <= 1.0:
-            raise TurnRLError(f"tau and gamma must lie in [0, 1] (got tau={cfg.tau}, gamma={cfg.gamma})")
-        if not 0.0 < cfg.bc_top <= 1.0:
-            raise TurnRLError(f"bc_top must lie in (0, 1] (got {cfg.bc_top})")
-        if cfg.chai_k < 1:
-            raise TurnRLError(f"chai_k must be >= 1 (got {cfg.chai_k})")
-        if cfg.actor_kl < 0:
-            raise TurnRLError(f"actor_kl must be >= 0 (got {cfg.actor_kl})")
         self.algo: Algo = algo
         self.cfg = cfg
         self.out = Path(out)

@@ -82,6 +82,7 @@ import torch
 
 from turnrl import envs
 from turnrl.agent.prompting import PromptConfig, agent_view
+from turnrl.config import Range
 from turnrl.data.schema import Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.losses import (
@@ -146,6 +147,14 @@ class PPOConfig(TrainConfig):
     #: evaluation every ``eval_every`` steps (trainer core) plays this many greedy episodes
     eval_episodes: int = 0
     eval_split: str = "seen"
+
+    value_ranges = {**TrainConfig.value_ranges,
+                    **dict.fromkeys(("iterations", "episodes_per_iter", "ppo_epochs", "minibatches", "max_new_tokens",
+                                     "num_envs"), Range(1)),
+                    **dict.fromkeys(("beta_kl", "vf_coef", "turns_per_episode", "eval_episodes"), Range(0)),
+                    **dict.fromkeys(("epsilon", "gamma", "gae_lambda"), Range(0, 1)),
+                    **dict.fromkeys(("clip_eps", "value_clip"), Range(0, lo_open=True)),
+                    "temperature": Range(0, lo_open=True)}  # training rollouts sample
 
 
 @dataclass
@@ -587,9 +596,6 @@ def _coverage(traj: Trajectory, env_opts: dict[str, Any], env_name: str) -> floa
 
 
 def _check(cfg: PPOConfig, env_name: str) -> None:
-    for key in ("iterations", "episodes_per_iter", "ppo_epochs", "minibatches", "max_new_tokens", "num_envs"):
-        if getattr(cfg, key) < 1:
-            raise TurnRLError(f"ppo.{key} must be >= 1 (got {getattr(cfg, key)})")
     if cfg.grad_accum != 1 or cfg.max_steps != 0 or cfg.epochs != 1.0:
         raise TurnRLError("ppo: grad_accum, epochs and max_steps are derived from episodes_per_iter, minibatches, "
                           "ppo_epochs and iterations; leave them unset")
@@ -602,12 +608,6 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if cfg.save_every % steps_per_iter:
         raise TurnRLError(f"ppo: save_every ({cfg.save_every}) must be a multiple of the steps per iteration "
                           f"(ppo_epochs x minibatches = {steps_per_iter}); checkpoints fall between iterations")
-    if not 0.0 <= cfg.epsilon <= 1.0:
-        raise TurnRLError(f"ppo.epsilon must be in [0, 1] (got {cfg.epsilon})")
-    if cfg.temperature <= 0:
-        raise TurnRLError(f"ppo.temperature must be > 0 for training rollouts (got {cfg.temperature})")
-    if not 0.0 <= cfg.gamma <= 1.0 or not 0.0 <= cfg.gae_lambda <= 1.0:
-        raise TurnRLError(f"ppo.gamma and ppo.gae_lambda must be in [0, 1] (got {cfg.gamma}, {cfg.gae_lambda})")
     if cfg.split not in ("train", "seen", "unseen") or cfg.eval_split not in ("train", "seen", "unseen"):
         raise TurnRLError(f"ppo: unknown split; choose from: train, seen, unseen (got {cfg.split}, {cfg.eval_split})")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line

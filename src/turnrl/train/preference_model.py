@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from turnrl.config import Range
 from turnrl.errors import TurnRLError
 from turnrl.oracles import Comparison, read_comparisons
 from turnrl.oracles.pairwise import (
@@ -48,6 +49,8 @@ class PreferenceModelConfig(TrainConfig):
     model: PairwiseSettings = PairwiseSettings()
     eval_fraction: float = 0.0
     """Share of the data's tasks held out for ``eval_accuracy`` when no ``--eval-data`` is given."""
+
+    value_ranges = {**TrainConfig.value_ranges, "eval_fraction": Range(0, 1, hi_open=True)}
 
 
 @dataclass
@@ -137,8 +140,6 @@ def train_preference_model(data: str | Path, out: str | Path, cfg: PreferenceMod
     Writes ``OUT/eval.json`` (held-out agreement before and after) when there is held-out data."""
     if cfg.lora is not None:
         raise TurnRLError("train preference-model does not support lora; train the small model fully")
-    if not 0 <= cfg.eval_fraction < 1:
-        raise TurnRLError(f"eval_fraction must be in [0, 1) (got {cfg.eval_fraction})")
     comps = read_comparisons(data)
     held: list[Comparison] = []
     if eval_data is not None:
