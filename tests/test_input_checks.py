@@ -80,6 +80,8 @@ def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> 
     before = demos.read_text()
     for extra, what in ((["--policy", "random", "--episodes", "8"], "policy 'expert'"),
                         (["--policy", "expert", "--episodes", "8", "--seed", "3"], "other settings"),
+                        (["--policy", "expert", "--episodes", "8", "--env-opt", "opponent=minimax"],
+                         'other env options ({}; this run: {"opponent": "minimax"})'),
                         (["--policy", "random", "--episodes", "2", "--env", "bandit"], "env 'tictactoe'")):
         code, _, err = run(collect + extra, capsys)
         line = one_line_error(code, err)

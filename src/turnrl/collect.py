@@ -6,6 +6,7 @@ collection again after a kill skips the episodes already in the file and plays t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -89,7 +90,7 @@ def run_policy(
         JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
         for t in iter_trajectories(out):
             done[t.id] = t
-        _check_resumable(Path(out), done, specs, env_name, policy.name)
+        _check_resumable(Path(out), done, specs, env_name, policy.name, dict(env_opts or {}))
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
@@ -106,18 +107,21 @@ def run_policy(
         sampler = ThreadedSampler(make_env, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
     else:
         sampler = Sampler(factory, policy, env_name=env_name, num_envs=num_envs, prompt=prompt, source=src)
+    opts = dict(env_opts or {})
+
+    def keep(t: Trajectory, writer: JsonlWriter | None = None) -> None:
+        t.meta["env_opts"] = opts  # what the env was built with: a resume must match it
+        if writer is not None:
+            writer.write(t)
+        if progress is not None:
+            progress(1)
+
     try:
         if out is not None:
-            with JsonlWriter(out, append=True) as writer:
-
-                def keep(t: Trajectory) -> None:
-                    writer.write(t)
-                    if progress is not None:
-                        progress(1)
-
-                new = sampler.run(todo, on_episode=keep)
+            with JsonlWriter(out, append=True) as w:
+                new = sampler.run(todo, on_episode=lambda t: keep(t, w))
         else:
-            new = sampler.run(todo, on_episode=(lambda t: progress(1)) if progress is not None else None)
+            new = sampler.run(todo, on_episode=keep)
     finally:
         sampler.close()
     by_id = {**done, **{t.id: t for t in new}}
@@ -125,16 +129,20 @@ def run_policy(
 
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
-                     policy_name: str) -> None:
-    """The episodes already in ``out`` must be this run's: same env and policy, and an episode
-    of a planned id must be that plan's (split, task, seed). Anything else is another run's
-    file, which resuming would mix into this one's."""
+                     policy_name: str, env_opts: dict[str, Any]) -> None:
+    """The episodes already in ``out`` must be this run's: same env, env options and policy, and
+    an episode of a planned id must be that plan's (split, task, seed). Anything else is another
+    run's file, which resuming would mix into this one's. (Episodes written before env options
+    were recorded pass that check.)"""
     planned = {s.episode_id(env_name): s for s in specs}
     for t in done.values():
         theirs = t.meta.get("policy")
         if t.env != env_name or (theirs is not None and not _same_policy(str(theirs), policy_name)):
             raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs or '?'}'; this "
                               f"run: env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
+        if t.meta.get("env_opts", env_opts) != env_opts:
+            raise TurnRLError(f"{out}: holds episodes played with other env options ({json.dumps(t.meta['env_opts'])}; "
+                              f"this run: {json.dumps(env_opts)}); choose another --out or remove it")
         spec = planned.get(t.id)
         if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
                                  or t.meta.get("seed", spec.seed) != spec.seed):
