@@ -92,6 +92,23 @@ def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> 
     assert demos.read_text().startswith(before) and len(demos.read_text().splitlines()) == 8
 
 
+def test_resume_compares_env_options_as_the_file_reads_them(tmp_path: Path) -> None:
+    from turnrl.collect import _check_resumable, run_policy
+    from turnrl.rollout.policies import ExpertPolicy
+
+    out = tmp_path / "b.jsonl"
+    first = run_policy(ExpertPolicy(), "bandit", episodes=2, env_opts={"arms": 3}, out=out)
+    assert first[0].meta["env_opts"] == {"arms": 3}
+    assert len(run_policy(ExpertPolicy(), "bandit", episodes=3, env_opts={"arms": 3}, out=out)) == 3
+    with pytest.raises(TurnRLError, match=r'other env options \({"arms": 3}; this run: {"arms": 4}\)'):
+        run_policy(ExpertPolicy(), "bandit", episodes=3, env_opts={"arms": 4}, out=out)
+    t = first[0]
+    t.meta["env_opts"] = {"means": [0.1, 0.9]}
+    _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"means": (0.1, 0.9)})  # a tuple reads back as a list
+    del t.meta["env_opts"]  # written before env options were recorded
+    _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"arms": 4})
+
+
 def test_a_model_folder_resumes_under_another_spelling(tmp_path: Path, tiny_dir: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from turnrl.collect import run_policy

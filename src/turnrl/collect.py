@@ -90,7 +90,7 @@ def run_policy(
         JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
         for t in iter_trajectories(out):
             done[t.id] = t
-        _check_resumable(Path(out), done, specs, env_name, policy.name, dict(env_opts or {}))
+        _check_resumable(Path(out), done, specs, env_name, policy.name, env_opts or {})
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
@@ -135,6 +135,7 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
     run's file, which resuming would mix into this one's. (Episodes written before env options
     were recorded pass that check.)"""
     planned = {s.episode_id(env_name): s for s in specs}
+    env_opts = json.loads(json.dumps(env_opts))  # as the file reads them back: a tuple is a list
     for t in done.values():
         theirs = t.meta.get("policy")
         if t.env != env_name or (theirs is not None and not _same_policy(str(theirs), policy_name)):
