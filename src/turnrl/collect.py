@@ -110,7 +110,7 @@ def run_policy(
     opts = dict(env_opts or {})
 
     def keep(t: Trajectory, writer: JsonlWriter | None = None) -> None:
-        t.meta["env_opts"] = opts  # what the env was built with: a resume must match it
+        t.meta["env_opts"] = dict(opts)  # what the env was built with: a resume must match it
         if writer is not None:
             writer.write(t)
         if progress is not None:
