@@ -227,20 +227,15 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
 
 
 def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
-    """The SPPO settings of one ``turnrl compare`` seed: the comparison's env, prompt, eval and
-    seed; the SFT agent as start; ``iterations``, ``expert_episodes`` (train tasks),
+    """The SPPO settings of one ``turnrl compare`` seed: every pipeline setting (env, prompt, eval,
+    seeds); the SFT agent as start; ``iterations``, ``expert_episodes`` (train tasks),
     ``samples_per_task`` and ``sample_temperature`` from ``pipeline``; then the compare
     config's ``sppo`` section (any :class:`SPPOConfig` key, e.g. ``train``, ``oracle``,
     ``select``, ``train_tasks``) on top. An unknown key there is a one-line error."""
     pipe = run.pipe
-    shared: dict[str, Any] = dict(env=pipe.env, env_opts=pipe.env_opts, instruction=pipe.instruction,
-                                  history=pipe.history, invalid_action=pipe.invalid_action,
-                                  invalid_penalty=pipe.invalid_penalty, model=run.sft, expert_episodes=pipe.expert_episodes,
-                                  train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
-                                  samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature,
-                                  eval_splits=pipe.eval_splits, eval_episodes=pipe.eval_episodes,
-                                  eval_seed=pipe.eval_seed, seed=pipe.seed, data_seed=pipe.data_seed, num_envs=pipe.num_envs,
-                                  max_new_tokens=pipe.max_new_tokens)
+    shared = pipe.model_dump(include=set(AgentPipelineConfig.model_fields))  # env, prompt, eval, seeds, ...
+    shared.update(model=run.sft, train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
+                  samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature)
     data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
     return _validate({**data, "out": str(run.dir / _method_name(loss)), "loss": loss}).check()
 

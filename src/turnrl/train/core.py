@@ -150,13 +150,11 @@ class TrainConfig(Config):
                                      "eval_every", "history"), Range(0)),
                     **dict.fromkeys(("batch_size", "grad_accum", "log_every", "keep_checkpoints", "max_length",
                                      "row_tokens"), Range(1)),
-                    "warmup_ratio": Range(0, 1)}
+                    "warmup_ratio": Range(0, 1), "momentum": Range(0, 1, hi_open=True)}
 
     @field_validator("momentum")
     @classmethod
     def _momentum_needs_sgd(cls, v: float, info: ValidationInfo) -> float:
-        if not 0.0 <= v < 1.0:
-            raise ValueError("must be in [0, 1)")
         if v and info.data.get("optimizer") != "sgd":
             raise ValueError("is an SGD setting: set optimizer=sgd too")
         return v
