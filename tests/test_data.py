@@ -400,7 +400,8 @@ ETO_ITEMS: list[dict[str, Any]] = [
         "reward": 0.5,
         "game_file": "json_2.1.1/train/pick_and_place-12/game.tw-pddl",
     },
-    {"id": 7, "conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hi"}]},
+    {"id": 7, "conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hi"},
+                                {"from": "gpt", "value": "OK"}]},
 ]
 
 
@@ -415,7 +416,7 @@ def check_eto(trajs: list[Trajectory]) -> None:
     assert t0.return_ == 1.0 and t0.success
     assert t1.task_id == "pick_and_place-12" and t1.return_ == 0.5 and not t1.success
     assert t1.meta["game_file"].endswith("game.tw-pddl") and t1.meta["eto_index"] == 1
-    assert [m.role for m in t2.messages] == ["system", "user"]
+    assert [m.role for m in t2.messages] == ["system", "user", "assistant"]
     assert t2.return_ == 0.0 and not t2.success and t2.meta["reward_missing"] is True
     assert len({t.id for t in trajs}) == 3
 
@@ -468,7 +469,16 @@ ETO_BAD: list[tuple[str, Any, str]] = [
         {"id": 1, "conversations": [{"from": "gpt", "value": 3}]},
         "'conversations[0].value' must be a string (got 3)",
     ),
-    ("bad reward", {"id": 1, "conversations": [], "reward": "high"}, "'reward' is not a number (got 'high')"),
+    (
+        "bad reward",
+        {"id": 1, "conversations": [{"from": "gpt", "value": "OK"}], "reward": "high"},
+        "'reward' is not a number (got 'high')",
+    ),
+    (
+        "no agent turn",
+        {"id": 1, "conversations": [{"from": "human", "value": "Put a mug in the sink."}]},
+        "no 'gpt' entry in 'conversations': a trajectory without an agent turn has nothing to train on",
+    ),
     ("bad id", {"id": [1], "conversations": []}, "'id' must be a string or an integer"),
     ("not an object", [1], "expected a JSON object, got list"),
 ]

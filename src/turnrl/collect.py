@@ -132,16 +132,23 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
                      policy_name: str, env_opts: dict[str, Any]) -> None:
     """The episodes already in ``out`` must be this run's: same env, env options and policy, and
     an episode of a planned id must be that plan's (split, task, seed). Anything else is another
-    run's file, which resuming would mix into this one's. (Episodes written before env options
-    were recorded pass that check.)"""
+    run's file, which resuming would mix into this one's. Env options are compared with the env's
+    defaults filled in (``opponent=random`` given = left unset); episodes written before env
+    options were recorded pass that check."""
     planned = {s.episode_id(env_name): s for s in specs}
-    env_opts = json.loads(json.dumps(env_opts))  # as the file reads them back: a tuple is a list
+    defaults = envs.env_defaults(env_name) if env_name in envs.names() else {}
+
+    def resolved(opts: dict[str, Any]) -> Any:  # as the file reads them back: a tuple is a list
+        return json.loads(json.dumps({**defaults, **opts}, default=repr))
+
+    ours = resolved(env_opts)
     for t in done.values():
         theirs = t.meta.get("policy")
         if t.env != env_name or (theirs is not None and not _same_policy(str(theirs), policy_name)):
             raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs or '?'}'; this "
                               f"run: env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
-        if t.meta.get("env_opts", env_opts) != env_opts:
+        recorded = t.meta.get("env_opts", env_opts)
+        if not isinstance(recorded, dict) or resolved(recorded) != ours:
             raise TurnRLError(f"{out}: holds episodes played with other env options ({json.dumps(t.meta['env_opts'])}; "
                               f"this run: {json.dumps(env_opts)}); choose another --out or remove it")
         spec = planned.get(t.id)

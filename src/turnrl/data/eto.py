@@ -18,7 +18,9 @@ acknowledgement; after that, human = observation and gpt = the agent's turn.
 The mapping is faithful, message for message: every ``human`` becomes a ``user`` message,
 every ``gpt`` an ``assistant`` message (the "OK" included, as ETO trains on it), and a
 ``system`` entry (FastChat allows one) a ``system`` message. An assistant message's
-``action`` is the text after its last ``Action:``, stripped, or None when it has none.
+``action`` is the text after its last ``Action:``, stripped, or None when it has none. An
+item without a ``gpt`` entry is an error: a trajectory with no agent turn has nothing to train
+on (training counts the agent's tokens only).
 
 Rewards: ``reward`` (or, in ETO's exploration outputs, ``meta.reward``) becomes the
 trajectory's ``return``; ``true``/``false`` read as 1/0 (ALFWorld). ``success`` is
@@ -116,6 +118,9 @@ def eto_item_to_trajectory(
         role = _ROLE_OF[sender]
         action = parse_action(value) if role == "assistant" else None
         messages.append(Message(role=role, content=value, action=action))
+    if not any(m.role == "assistant" for m in messages):
+        raise TurnRLError(f"{where}: no 'gpt' entry in 'conversations': a trajectory without an agent turn "
+                          "has nothing to train on")
 
     reward = _reward(item, where)
     if reward is None:

@@ -51,6 +51,16 @@ def env_options(name: str) -> list[str] | None:
     return [n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def env_defaults(name: str) -> dict[str, Any]:
+    """The default value of each option of env ``name`` that has one (from its factory's signature)."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise unknown("env", name, _REGISTRY)
+    sig = inspect.signature(_REGISTRY[name])
+    return {n: p.default for n, p in sig.parameters.items()
+            if p.default is not p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
 _loaded = False
 
 
@@ -69,4 +79,4 @@ def _load_builtins() -> None:
         importlib.import_module(f"turnrl.envs.{module}")
 
 
-__all__ = ["SPLITS", "ExpertStep", "TextEnv", "env_options", "make", "names", "register"]
+__all__ = ["SPLITS", "ExpertStep", "TextEnv", "env_defaults", "env_options", "make", "names", "register"]
