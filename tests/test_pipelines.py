@@ -135,6 +135,30 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(methods=["sft", "dpmo"]))
     with pytest.raises(TurnRLError, match="gamma"):
         _check(CompareConfig(dmpo_gammas=[0.0]))
+    with pytest.raises(TurnRLError, match="set pipeline.data_seed too"):
+        _check(CompareConfig(sft_seed=3))
+    with pytest.raises(TurnRLError, match="set one of them"):
+        _check(CompareConfig(sft_seed=3, pipeline=EtoConfig(data_seed=1, model="runs/sft")))
+
+
+def test_compare_sft_seed_trains_one_start_for_every_seed(tiny_dir: Path, tmp_path: Path) -> None:
+    """With ``sft_seed`` one SFT agent (OUT/start-S) is every seed's start: no seed trains its
+    own, and the sft rows are the same agent on the same games."""
+    from turnrl.pipelines.compare import CompareConfig, run_compare, seed_run
+    from turnrl.pipelines.eto import EtoConfig
+
+    pipe = EtoConfig(base=str(tiny_dir), data_seed=1, expert_episodes=4, eval_episodes=3, eval_splits=["seen"],
+                     max_new_tokens=8, sft={"epochs": 1.0, "batch_size": 4, "lr": 2e-3, "row_tokens": 512})
+    out = tmp_path / "c"
+    cfg = CompareConfig(out=str(out), seeds=[0, 1], methods=["sft"], sft_seed=5, pipeline=pipe)
+    run_compare(cfg)
+    assert is_done(out / "start-5" / "sft") and not list(out.glob("seed-*/sft"))
+    recs = json.loads((out / "compare.json").read_text())["results"]
+    sft = [{k: v for k, v in r.items() if k != "seed"} for r in recs if r["method"] == "sft"]
+    assert len(sft) == 2 and sft[0] == sft[1]
+    run = seed_run(cfg, 1)
+    assert run.sft == str(out / "start-5" / "sft" / "model") and run.base_model == str(tiny_dir)  # 'base' is still the base
+    assert "one SFT agent for every seed (trained with seed 5)" in (out / "compare.md").read_text()
 
 
 def test_cli_config_error_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

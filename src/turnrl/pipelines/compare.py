@@ -1,6 +1,7 @@
 """``turnrl compare``: several methods over several seeds, one table with 95% CIs and plots.
 
-Per seed ``S`` (``OUT/seed-S/``): the expert demos and the SFT agent (:func:`prepare_base`),
+Per seed ``S`` (``OUT/seed-S/``): the expert demos and the SFT agent (:func:`prepare_base`;
+with ``sft_seed``, one SFT agent in ``OUT/start-S/`` for every seed),
 one greedy exploration of every train task by the SFT agent (``explore-sft.jsonl``, shared by
 the ETO and DMPO runs so they differ only in their loss and pair filter; run on first use, so a
 seed with neither skips it), then each method
@@ -70,6 +71,10 @@ class CompareConfig(Config):
     sppo: dict[str, Any] = {}
     """Methods ``sppo`` / ``sppo_dpo``: :class:`~turnrl.pipelines.sppo.SPPOConfig` keys over
     the shared ``pipeline`` settings (e.g. ``train``, ``oracle``, ``select``, ``train_tasks``)."""
+    sft_seed: int | None = None
+    """One SFT agent for every seed, trained with this seed (``OUT/start-S/``), so that the seeds
+    vary only what follows SFT, as the papers start every run from one model; needs
+    ``pipeline.data_seed`` (one demo set). None: each seed trains its own SFT agent."""
     dpo_from_eto: bool = True
     """The DPO baseline in ``pipeline.losers`` is ETO's first iteration (the same agent,
     exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
@@ -208,6 +213,10 @@ def _check(cfg: CompareConfig) -> None:
     for g in cfg.dmpo_gammas:
         if not 0 < g <= 1:
             raise TurnRLError(f"dmpo_gammas: gamma must be in (0, 1] (got {g})")
+    if cfg.sft_seed is not None and cfg.pipeline.data_seed is None:
+        raise TurnRLError("sft_seed trains one SFT agent for every seed on one demo set: set pipeline.data_seed too")
+    if cfg.sft_seed is not None and cfg.pipeline.model is not None:
+        raise TurnRLError("sft_seed trains the start and pipeline.model gives one: set one of them")
     cfg.pipeline.check()
     if {"sppo", "sppo_dpo"} & set(cfg.methods):
         check_compare_section(cfg.sppo)
@@ -226,9 +235,13 @@ def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
 
         base_model = run_stage(root / "tiny", tiny, log=log)
     pipe = cfg.pipeline.model_copy(update={"seed": seed, "base": base_model})
+    first = base_model if pipe.model is None else pipe.model  # what 'base' evaluates and RFT retrains
+    if cfg.sft_seed is not None:  # one start for every seed
+        start, _ = prepare_base(pipe.model_copy(update={"seed": cfg.sft_seed}), root / f"start-{cfg.sft_seed}", log=log)
+        pipe = pipe.model_copy(update={"model": start})
     d = root / f"seed-{seed}"
     sft, expert = prepare_base(pipe, d, log=log)
-    return SeedRun(cfg, seed, d, pipe, base_model if pipe.model is None else pipe.model, sft, expert, log)
+    return SeedRun(cfg, seed, d, pipe, first, sft, expert, log)
 
 
 def _method_stage(fn: MethodFn, run: SeedRun) -> Callable[[Path], list[Record]]:
@@ -404,6 +417,10 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
     bon = (f" (Best-of-{cfg.best_of_n}: the best of {cfg.best_of_n} samples a task)" if "best_of_n" in cfg.methods
            else "")
     demos = "" if p.data_seed is None else f" (one set of {p.expert_episodes} demos for every seed: data_seed {p.data_seed})"
+    if cfg.sft_seed is not None:
+        demos += f"; one SFT agent for every seed (trained with seed {cfg.sft_seed})"
+    elif p.model is not None:
+        demos += f"; every seed starts from `{p.model}`"
     lines = [
         "# turnrl compare", "",
         f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}{demos}, {p.eval_episodes} greedy episodes per "
