@@ -51,6 +51,49 @@ def test_failed_stage_leaves_no_marker_and_reruns(tmp_path: Path) -> None:
     assert out.read_text() == "whole"
 
 
+def test_check_settings_refuses_to_resume_with_other_settings(tmp_path: Path) -> None:
+    from turnrl.pipelines.iterative import check_settings
+
+    out = tmp_path / "run"
+    check_settings(out, {"iterations": 1, "train": {"lr": 1e-5, "beta": 0.1}, "env": "tictactoe"}, free=("iterations",))
+    assert json.loads((out / "settings.json").read_text())["train"] == {"lr": 1e-5, "beta": 0.1}
+    # the same settings, more iterations (free), a key the file does not know: accepted, and recorded
+    check_settings(out, {"iterations": 3, "train": {"lr": 1e-5, "beta": 0.1}, "env": "tictactoe", "new": 1},
+                   free=("iterations",))
+    assert json.loads((out / "settings.json").read_text())["iterations"] == 3
+    with pytest.raises(TurnRLError) as err:
+        check_settings(out, {"iterations": 3, "train": {"lr": 3e-5, "beta": 0.1}, "env": "bandit"}, free=("iterations",))
+    assert str(err.value) == (f"{out}: made with other settings (train.lr: 1e-05, now 3e-05; env: \"tictactoe\", now "
+                              "\"bandit\"): its finished stages would be reused as if run with these; choose another out "
+                              "or remove it")
+    assert json.loads((out / "settings.json").read_text())["env"] == "tictactoe"  # a refused run records nothing
+    with pytest.raises(TurnRLError, match="iterations: 3, now 4"):
+        check_settings(out, {"iterations": 4})  # not free here
+    (out / "settings.json").write_text("{")
+    with pytest.raises(TurnRLError, match=r"settings\.json: unreadable .*remove it"):
+        check_settings(out, {"iterations": 4})
+
+
+def test_pipelines_refuse_an_out_made_with_other_settings(tmp_path: Path) -> None:
+    """``turnrl compare``, ``eto`` and ``sppo`` check OUT/settings.json before any work."""
+    from turnrl.pipelines.compare import CompareConfig, run_compare
+    from turnrl.pipelines.eto import EtoConfig, run_pipeline
+    from turnrl.pipelines.iterative import check_settings
+    from turnrl.pipelines.sppo import SPPOConfig, run_sppo
+
+    out = tmp_path / "c"
+    made = CompareConfig(out=str(out), best_of_n=5)
+    check_settings(out, made.model_dump(mode="json", exclude={"out", "seeds", "methods"}))
+    with pytest.raises(TurnRLError, match=r"best_of_n: 5, now 10"):
+        run_compare(CompareConfig(out=str(out), seeds=[7], methods=["sft"]))
+    assert sorted(p.name for p in out.iterdir()) == ["settings.json"]
+    for cfg, run in ((EtoConfig(out=str(tmp_path / "e")), run_pipeline), (SPPOConfig(out=str(tmp_path / "s")), run_sppo)):
+        check_settings(cfg.out, cfg.model_copy(update={"eval_episodes": 7}).model_dump(mode="json", exclude={"out"}))
+        with pytest.raises(TurnRLError, match=r"eval_episodes: 7, now 100"):
+            run(cfg)  # type: ignore[operator]
+        assert sorted(p.name for p in Path(cfg.out).iterdir()) == ["settings.json"]
+
+
 def test_iter_dir(tmp_path: Path) -> None:
     d = iter_dir(tmp_path / "run", 2)
     assert d == tmp_path / "run" / "iter-2" and d.is_dir()

@@ -31,3 +31,16 @@ def test_quickstart_writes_summary_report_and_plots(tmp_path: Path) -> None:
     again = run_quickstart(out, plan=SMALL)
     assert [(out / d / "summary.json").stat().st_mtime for d in ("sft", "iter-1/train")] == mtimes
     assert again["results"] == summary["results"]
+
+
+def test_quickstart_refuses_an_out_made_with_another_plan(tmp_path: Path) -> None:
+    """``--fast`` in a full run's out would reuse an SFT agent trained on the full plan's demos."""
+    from turnrl.errors import TurnRLError
+    from turnrl.pipelines.iterative import check_settings
+    from turnrl.quickstart import ENV, ENV_OPTS, FULL
+
+    out = tmp_path / "qs"
+    check_settings(out, {"env": ENV, "env_opts": ENV_OPTS, "plan": FULL.__dict__})
+    with pytest.raises(TurnRLError, match=r"plan\.demos: 600, now 400; plan\.eval_episodes: 200, now 100"):
+        run_quickstart(out, fast=True)
+    assert sorted(p.name for p in out.iterdir()) == ["settings.json"]

@@ -30,6 +30,7 @@ from typing import Any
 from turnrl.agent.prompting import PromptConfig
 from turnrl.collect import run_policy
 from turnrl.evaluation import results_table, summarize
+from turnrl.pipelines.iterative import check_settings
 from turnrl.progress import progress_bar
 from turnrl.report import markdown_table, plot_rewards, plot_training_loss
 from turnrl.rollout import SamplingConfig, load_policy
@@ -92,7 +93,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
 
     plan = plan or (FAST if fast else FULL)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, {"env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__})  # --fast in a full run's out
     t0 = time.time()
 
     tiny = out / "tiny"

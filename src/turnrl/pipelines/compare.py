@@ -48,7 +48,7 @@ from turnrl.pipelines.eto import (
     rft,
     run_pipeline,
 )
-from turnrl.pipelines.iterative import run_stage
+from turnrl.pipelines.iterative import check_settings, run_stage
 from turnrl.stats import mean_ci95, overlap
 from turnrl.train.core import atomic_write_json, atomic_write_text
 
@@ -251,6 +251,8 @@ def _method_stage(fn: MethodFn, run: SeedRun) -> Callable[[Path], list[Record]]:
 def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
     """Every method for every seed (each a resumable stage), then compare.json/.md and plots."""
     _check(cfg)
+    # seeds and methods may differ between runs on one out (one process a seed or method group)
+    check_settings(cfg.out, cfg.model_dump(mode="json", exclude={"out", "seeds", "methods"}))
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     records: list[Record] = []

@@ -49,7 +49,7 @@ from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
-from turnrl.pipelines.iterative import iter_dir, run_stage
+from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage
 from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
 from turnrl.rollout.sampler import EpisodeSpec
 from turnrl.train.preference import PreferenceConfig
@@ -410,7 +410,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
 
     cfg.check()
     out = Path(out if out is not None else cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
+    check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     base_model = model

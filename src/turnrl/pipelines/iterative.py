@@ -15,6 +15,12 @@ only that stage, and the stage itself resumes from what it left:
 Iteration ``i`` of a pipeline writes under ``OUT/iter-i/`` (:func:`iter_dir`): its
 trajectories, pairs, checkpoint (the trainer's output directory) and eval report.
 
+A marker does not record the settings its stage ran with, so a pipeline first calls
+:func:`check_settings`: ``OUT/settings.json`` keeps the settings ``OUT`` was made with, and a
+later run with other settings is refused (a finished stage would otherwise be reused as if it
+had run with the new ones), except for the settings named free (e.g. ``iterations``: more
+iterations add stages and change none).
+
 Example::
 
     explored = run_stage(it / "explore.jsonl", lambda p: explore(model, p))
@@ -38,7 +44,10 @@ from turnrl.train.core import atomic_write_json
 StageFn = Callable[[Path], Any]
 """A stage: receives its output path, writes it, returns a JSON-able result (or None)."""
 
-__all__ = ["Stage", "StageFn", "is_done", "iter_dir", "mark_done", "marker_path", "read_done", "run_stage"]
+__all__ = ["Stage", "StageFn", "check_settings", "is_done", "iter_dir", "mark_done", "marker_path", "read_done",
+           "run_stage"]
+
+SETTINGS_FILE = "settings.json"
 
 
 def marker_path(output: str | Path) -> Path:
@@ -60,6 +69,46 @@ def read_done(output: str | Path) -> Any:
 def mark_done(output: str | Path, result: Any = None, seconds: float | None = None) -> None:
     """Write ``output``'s completion marker (atomically); call it after the output is complete."""
     atomic_write_json(marker_path(output), {"result": result, "seconds": seconds})
+
+
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": 1e-5}`` (lists stay whole)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str, ...] = ()) -> None:
+    """Refuse to resume ``out`` with settings other than those it was made with.
+
+    ``OUT/settings.json`` holds the settings of the run that made ``out`` (written by the first
+    run). A later run must agree on every key both know, except those in ``free`` and below them
+    (``"iterations"``, ``"seeds"``): the first differing keys are named in a one-line error.
+    A key only one side knows (a setting added or removed by another turnrl version) is not
+    compared. A folder made before settings were recorded is taken as made with these."""
+    from turnrl.errors import TurnRLError
+
+    path = Path(out) / SETTINGS_FILE
+    now = json.loads(json.dumps(settings, default=str))
+    if path.is_file():
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise TurnRLError(f"{path}: unreadable ({e}); remove it to accept this run's settings") from None
+        old, new = _flat(before if isinstance(before, dict) else {}), _flat(now)
+        diff = [k for k in new if k in old and old[k] != new[k]
+                and not any(k == f or k.startswith(f + ".") for f in free)]
+        if diff:
+            shown = "; ".join(f"{k}: {json.dumps(old[k])}, now {json.dumps(new[k])}" for k in diff[:3])
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+            raise TurnRLError(f"{out}: made with other settings ({shown}{more}): its finished stages would be reused "
+                              "as if run with these; choose another out or remove it")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, now)
 
 
 def iter_dir(out: str | Path, i: int) -> Path:

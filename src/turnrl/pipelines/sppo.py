@@ -52,7 +52,7 @@ from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.oracles import OracleConfig, make_oracle, score_samples, select_samples
 from turnrl.pipelines.eto import AgentPipelineConfig
-from turnrl.pipelines.iterative import iter_dir, run_stage
+from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage
 from turnrl.train.core import atomic_write_json
 from turnrl.train.preference import PreferenceConfig
 
@@ -204,11 +204,10 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
 
     cfg.check()
     out = Path(out if out is not None else cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, cfg.model_dump(mode="json", exclude={"out"}), free=("iterations",))
     if log is None and console is not None:
         def log(msg: str) -> None:
             console.print(f"[dim]sppo[/dim] {msg}")
-    atomic_write_json(out / "config.json", cfg.model_dump(mode="json"))
     random.seed(cfg.seed)
     start_model, _ = prepare_base(cfg.eto_view(), out, log=log)
     start = run_stage(out / "eval_start.json", lambda p: evaluate(cfg, str(start_model), p, "start"), log=log)
