@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -237,6 +238,20 @@ def test_compare_config_files_load() -> None:
 def _rec(method: str, seed: int, split: str, reward: float, **kw: Any) -> dict[str, Any]:
     return {"method": method, "seed": seed, "split": split, "env": "tictactoe", "episodes": 10, "avg_reward": reward,
             "success_rate": reward, "avg_turns": 3.0, "invalid_action_rate": 0.0, "ci95": [reward, reward], **kw}
+
+
+def test_paired_by_unit_hand_computed() -> None:
+    from turnrl.stats import paired_by_unit
+
+    treated = [{"a": 1.0, "b": 0.0, "c": 1.0}, {"a": 1.0, "b": 1.0, "c": -1.0}]
+    control = [{"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 0.0, "c": 0.0, "d": 5.0}]  # d: not in every run
+    # per unit, the mean over runs of treated - control: a (1 + 0)/2, b (0 + 1)/2, c (1 - 1)/2
+    mean, (lo, hi), n = paired_by_unit(treated, control)
+    half = 4.303 * math.sqrt(1 / 12) / math.sqrt(3)  # sd of (0.5, 0.5, 0) is sqrt(1/12); t(2) = 4.303
+    assert n == 3 and mean == pytest.approx(1 / 3)
+    assert (lo, hi) == pytest.approx((1 / 3 - half, 1 / 3 + half))
+    with pytest.raises(ValueError, match="as many treated as control runs"):
+        paired_by_unit(treated, control[:1])
 
 
 def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:

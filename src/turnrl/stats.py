@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 # two-sided 97.5% quantiles of Student's t, df = 1..30
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -39,3 +42,22 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, tuple[float, float]]:
 def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two intervals overlap."""
     return not (a[1] < b[0] or b[1] < a[0])
+
+
+def paired_by_unit(treated: Sequence[Mapping[K, float]], control: Sequence[Mapping[K, float]]
+                   ) -> tuple[float, tuple[float, float], int]:
+    """Paired difference by unit (e.g. an evaluation game) over runs (e.g. seeds).
+
+    ``treated[k][u]`` and ``control[k][u]`` are unit ``u``'s outcome in run ``k``. For each unit
+    in every run of both, ``d_u = mean_k(treated[k][u] - control[k][u])``; returns the mean of
+    the ``d_u``, its 95% CI across units (:func:`mean_ci95`) and the number of units. Where the
+    CI across runs measures how a result varies with the runs' randomness, this one measures how
+    it varies with which units were drawn."""
+    if len(treated) != len(control) or not treated:
+        raise ValueError(f"paired_by_unit needs as many treated as control runs, at least one "
+                         f"(got {len(treated)} and {len(control)})")
+    units = set.intersection(*(set(m) for m in [*treated, *control]))
+    diffs = [math.fsum(t[u] - c[u] for t, c in zip(treated, control, strict=True)) / len(treated)
+             for u in sorted(units, key=repr)]
+    mean, ci = mean_ci95(diffs)
+    return mean, ci, len(diffs)

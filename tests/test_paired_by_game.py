@@ -1,0 +1,48 @@
+"""scripts/paired_by_game.py: rows of a compare run minus SFT, paired game by game."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from turnrl.data.io import write_jsonl
+from turnrl.data.schema import Message, Trajectory
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paired_by_game.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("paired_by_game", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["paired_by_game"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _games(path: Path, returns: list[float]) -> None:
+    msgs = [Message("user", "Board"), Message("assistant", "Action: 1", action="1", valid=True)]
+    write_jsonl(path, [Trajectory(id=f"g{i}", env="tictactoe", task_id=f"t{i}", messages=msgs, return_=r, split="seen",
+                                  meta={"seed": 100 + i}) for i, r in enumerate(returns)])
+
+
+def test_paired_by_game_table(tmp_path: Path, script, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cmp"
+    for seed, (sft, row) in {0: ([1, 0, -1], [1, 1, -1]), 1: ([1, 0, -1], [1, 1, 0]), 2: ([0, 0, 0], [0, 0, 0])}.items():
+        d = out / f"seed-{seed}"
+        d.mkdir(parents=True)
+        _games(d / "sft-eval-seen.jsonl", sft)
+        if seed < 2:  # seed 2 has no row file: left out
+            _games(d / "row.jsonl", row)
+    assert script.main([str(out), "--row", "eto=row.jsonl"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    # per game, the mean over seeds 0 and 1 of row - sft: t0 0, t1 (1 + 1)/2 = 1, t2 (0 + 1)/2 = 0.5
+    half = 4.303 * math.sqrt(0.25) / math.sqrt(3)
+    assert line == (f"| eto (left out: seed-2) | 2 | 3 | +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | 2 / 1 / 0 |")
+    assert script.main([str(out), "--row", "eto=nope.jsonl"]) == 2
+    assert "no seed has both nope.jsonl and sft-eval-seen.jsonl" in capsys.readouterr().err
