@@ -293,6 +293,29 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
 
 
+def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:
+    """``vs_sft_by_game``: per game, the row minus the same seed's SFT agent, averaged over seeds,
+    with a CI across games; in the table and the claims. Seeds without games' returns are left out."""
+    from turnrl.pipelines.compare import CompareConfig, aggregate, report
+    from turnrl.stats import mean_ci95
+
+    recs = [_rec("sft", 0, "seen", 0.0, game_returns=[1.0, 0.0, -1.0, 0.0]),
+            _rec("sft", 1, "seen", 0.0, game_returns=[1.0, 0.0, -1.0, 0.0]),
+            _rec("sft", 2, "seen", 0.0),  # written before games' returns were kept
+            _rec("eto", 0, "seen", 0.5, iteration=1, game_returns=[1.0, 1.0, 0.0, 0.0]),
+            _rec("eto", 1, "seen", 0.25, iteration=1, game_returns=[1.0, 1.0, -1.0, 0.0]),
+            _rec("eto", 2, "seen", 0.25, iteration=1)]
+    rows = {r["method"]: r for r in aggregate(recs)}
+    # per game, the mean over seeds 0 and 1 of eto - sft: 0, 1, 0.5, 0
+    m, ci = mean_ci95([0.0, 1.0, 0.5, 0.0])
+    g = rows["eto"]["vs_sft_by_game"]
+    assert (g["games"], g["seeds"], g["mean"]) == (4, 2, pytest.approx(m)) and g["ci95"] == pytest.approx(list(ci))
+    assert rows["sft"]["vs_sft_by_game"] is None and rows["eto"]["vs_sft"]["seeds"] == 3
+    md = report(CompareConfig(methods=["sft", "eto"]), list(rows.values()), recs)
+    assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |" in md
+    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0)" in md
+
+
 def test_report_tables_round_a_statistic_once() -> None:
     """SFT's CI in the method table and in the by-iteration table is one number printed twice:
     these ten seeds' lower bound is 0.45549..., which rounding to 4 decimals first turned into

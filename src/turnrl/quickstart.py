@@ -138,7 +138,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
                                    progress=advance)
             results.append(summarize(trajs, policy=name, env=ENV, split=split))
         if name == "sft":  # the DMPO agent was evaluated on the same episodes by its ETO iteration
-            results += dmpo_results
+            results += [{k: v for k, v in r.items() if k != "game_returns"} for r in dmpo_results]  # as the others
 
     plot_training_loss(sft_dir / "metrics.jsonl", out / "training_loss.png", title="SFT loss (tiny model)")
     plot_rewards(results, out / "rewards.png", title=f"{ENV} vs random opponent: avg reward (95% CI)")

@@ -49,7 +49,7 @@ from turnrl.pipelines.eto import (
     run_pipeline,
 )
 from turnrl.pipelines.iterative import check_settings, run_stage
-from turnrl.stats import mean_ci95, overlap
+from turnrl.stats import mean_ci95, overlap, paired_by_unit
 from turnrl.train.core import atomic_write_json, atomic_write_text
 
 Log = Callable[[str], None]
@@ -295,6 +295,8 @@ def aggregate(records: list[Record]) -> list[Record]:
     groups: dict[tuple[str, str], list[Record]] = {}
     finals = final_records(records)
     sft = {(r["seed"], r["split"]): r["avg_reward"] for r in finals if r["method"] == "sft"}
+    sft_games = {(r["seed"], r["split"]): r["game_returns"] for r in finals
+                 if r["method"] == "sft" and r.get("game_returns")}
     for r in finals:
         groups.setdefault((r["method"], r["split"]), []).append(r)
     rows: list[Record] = []
@@ -309,8 +311,22 @@ def aggregate(records: list[Record]) -> list[Record]:
                      "avg_turns": turns, "per_seed": [r["avg_reward"] for r in rs],
                      **{k: rs[0].get(k) for k in ("loss", "gamma", "losers", "truncate_k") if k in rs[0]},
                      "loser_turns": _mean([r.get("loser_turns") for r in rs]),
-                     "vs_sft": _paired(rs, sft) if method != "sft" else None})
+                     "vs_sft": _paired(rs, sft) if method != "sft" else None,
+                     "vs_sft_by_game": _paired_by_game(rs, sft_games) if method != "sft" else None})
     return rows
+
+
+def _paired_by_game(rs: list[Record], sft: dict[tuple[int, str], list[float]]) -> Record | None:
+    """The row minus the same seed's SFT agent game by game, averaged over seeds, with a 95% CI
+    across the evaluation games (:func:`~turnrl.stats.paired_by_unit`): how the gain varies with
+    which games were drawn (``vs_sft``'s CI is across seeds). Seeds whose records lack the games'
+    returns (records written before they were kept) or played other games are left out."""
+    both = [(r["game_returns"], sft[(r["seed"], r["split"])]) for r in rs
+            if r.get("game_returns") and len(r["game_returns"]) == len(sft.get((r["seed"], r["split"]), []))]
+    if not both:
+        return None
+    m, (lo, hi), games = paired_by_unit([dict(enumerate(t)) for t, _ in both], [dict(enumerate(c)) for _, c in both])
+    return {"mean": m, "ci95": [lo, hi], "games": games, "seeds": len(both)}
 
 
 def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | None:
@@ -340,6 +356,10 @@ def _versus(r: Record, base: Record) -> str:
     if d is not None and d["seeds"] >= 2:
         side = "above 0" if d["ci95"][0] > 0 else "below 0" if d["ci95"][1] < 0 else "contains 0"
         paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({side})"
+    g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
+    if g is not None and g["games"] >= 2:
+        side = "above 0" if g["ci95"][0] > 0 else "below 0" if g["ci95"][1] < 0 else "contains 0"
+        paired += f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games ({side})"
     if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
         return head + "**above (CIs do not overlap)**" + paired
     return head + "not separated" + paired
@@ -428,15 +448,18 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}{demos}, {p.eval_episodes} greedy episodes per "
         f"split and seed{bon}. Avg reward and success: mean over "
         "seeds of each seed's mean, with a 95% CI across seeds (Student t). Minus SFT, paired: the mean over seeds of "
-        "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI.", "",
-        "| method | split | seeds | avg reward | 95% CI | minus SFT, paired [95% CI] | success | 95% CI | invalid "
-        "| loser turns |",
-        "|---|---|---:|---:|---|---|---:|---|---:|---:|",
+        "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI across seeds. By "
+        "game: the same difference taken game by game (the same games for every row) and averaged over seeds, with a "
+        "95% CI across games: how the gain varies with which games were drawn.", "",
+        "| method | split | seeds | avg reward | 95% CI | minus SFT, paired [95% CI] | by game [95% CI] | success "
+        "| 95% CI | invalid | loser turns |",
+        "|---|---|---:|---:|---|---|---|---:|---|---:|---:|",
     ]
     for r in rows:
         lt = "" if r.get("loser_turns") is None else f"{r['loser_turns']:.2f}"
-        d = r.get("vs_sft")
+        d, g = r.get("vs_sft"), r.get("vs_sft_by_game")
         paired = "" if d is None else f"{d['mean']:+.3f} {_ci(d)}"
+        paired += " | " + ("" if g is None else f"{g['mean']:+.3f} {_ci(g)}")
         lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | {paired} | "
                      f"{r['success_rate']:.3f} | [{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
                      f"{r['invalid_action_rate']:.3f} | {lt} |")

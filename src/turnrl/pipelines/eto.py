@@ -335,7 +335,9 @@ def evaluate_model(cfg: EtoConfig, model: str, out: Path, label: str, *, n: int 
                     if j not in best or t.return_ > best[j].return_:
                         best[j] = t
                 trajs = [best[j] for j in range(len(specs))]
-            results.append(summarize(trajs, policy=label, env=cfg.env, split=split))
+            # each game's return, in plan order (the same games for every agent): paired by game in compare
+            results.append({**summarize(trajs, policy=label, env=cfg.env, split=split),
+                            "game_returns": [t.return_ for t in trajs]})
     finally:
         env.close()
     atomic_write_json(out, {"results": results})
