@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _split_row(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
+    name, sep, path = text.rpartition("=")  # a name may hold "=" (gamma = 0.1), a path not
     if not sep or not name or not path:
         raise TurnRLError(f"--row {text!r}: expected NAME=PATH")
     return name, path

@@ -39,10 +39,10 @@ def test_paired_by_game_table(tmp_path: Path, script, capsys: pytest.CaptureFixt
         _games(d / "sft-eval-seen.jsonl", sft)
         if seed < 2:  # seed 2 has no row file: left out
             _games(d / "row.jsonl", row)
-    assert script.main([str(out), "--row", "eto=row.jsonl"]) == 0
+    assert script.main([str(out), "--row", "eto γ = 1=row.jsonl"]) == 0
     line = capsys.readouterr().out.splitlines()[-1]
     # per game, the mean over seeds 0 and 1 of row - sft: t0 0, t1 (1 + 1)/2 = 1, t2 (0 + 1)/2 = 0.5
     half = 4.303 * math.sqrt(0.25) / math.sqrt(3)
-    assert line == (f"| eto (left out: seed-2) | 2 | 3 | +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | 2 / 1 / 0 |")
+    assert line == (f"| eto γ = 1 (left out: seed-2) | 2 | 3 | +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | 2 / 1 / 0 |")
     assert script.main([str(out), "--row", "eto=nope.jsonl"]) == 2
     assert "no seed has both nope.jsonl and sft-eval-seen.jsonl" in capsys.readouterr().err
