@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "archer_study.py"
-
 
 @pytest.fixture(scope="module")
-def study():
-    spec = importlib.util.spec_from_file_location("archer_study", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["archer_study"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def study(load_script):
+    return load_script("archer_study")
 
 
 def _write(run: Path, rows: list[dict], summary: dict) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,17 +10,10 @@ import pytest
 from turnrl.data.io import write_jsonl
 from turnrl.data.schema import Message, Trajectory
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paired_by_game.py"
-
 
 @pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("paired_by_game", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["paired_by_game"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def script(load_script):
+    return load_script("paired_by_game")
 
 
 def _games(path: Path, returns: list[float]) -> None:

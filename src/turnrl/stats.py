@@ -53,11 +53,16 @@ def paired_by_unit(treated: Sequence[Mapping[K, float]], control: Sequence[Mappi
     the ``d_u``, its 95% CI across units (:func:`mean_ci95`) and the number of units. Where the
     CI across runs measures how a result varies with the runs' randomness, this one measures how
     it varies with which units were drawn."""
-    if len(treated) != len(control) or not treated:
-        raise ValueError(f"paired_by_unit needs as many treated as control runs, at least one "
-                         f"(got {len(treated)} and {len(control)})")
-    units = set.intersection(*(set(m) for m in [*treated, *control]))
-    diffs = [math.fsum(t[u] - c[u] for t, c in zip(treated, control, strict=True)) / len(treated)
-             for u in sorted(units, key=repr)]
+    diffs = list(unit_differences(treated, control).values())
     mean, ci = mean_ci95(diffs)
     return mean, ci, len(diffs)
+
+
+def unit_differences(treated: Sequence[Mapping[K, float]], control: Sequence[Mapping[K, float]]) -> dict[K, float]:
+    """``{u: d_u}`` of :func:`paired_by_unit`, for every unit in every run of both (in ``repr`` order)."""
+    if len(treated) != len(control) or not treated:
+        raise ValueError(f"a paired difference needs as many treated as control runs, at least one "
+                         f"(got {len(treated)} and {len(control)})")
+    units = set.intersection(*(set(m) for m in [*treated, *control]))
+    return {u: math.fsum(t[u] - c[u] for t, c in zip(treated, control, strict=True)) / len(treated)
+            for u in sorted(units, key=repr)}

@@ -354,12 +354,10 @@ def _versus(r: Record, base: Record) -> str:
     paired = ""
     d = r.get("vs_sft") if base["method"] == "sft" else None
     if d is not None and d["seeds"] >= 2:
-        side = "above 0" if d["ci95"][0] > 0 else "below 0" if d["ci95"][1] < 0 else "contains 0"
-        paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({side})"
+        paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({_side(d)})"
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
-        side = "above 0" if g["ci95"][0] > 0 else "below 0" if g["ci95"][1] < 0 else "contains 0"
-        paired += f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games ({side})"
+        paired += f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games ({_side(g)})"
     if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
         return head + "**above (CIs do not overlap)**" + paired
     return head + "not separated" + paired
@@ -397,6 +395,11 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
 
 def _first_iteration(rows: list[Record], eto_row: Record) -> Record:
     return eto_row.get("_iter1", eto_row)
+
+
+def _side(d: Record) -> str:
+    """Where a difference's 95% CI lies with respect to 0."""
+    return "above 0" if d["ci95"][0] > 0 else "below 0" if d["ci95"][1] < 0 else "contains 0"
 
 
 def _ci(r: Record) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turnrl.errors import TurnRLError
 from turnrl.train.core import atomic_write_json
 
 StageFn = Callable[[Path], Any]
@@ -90,8 +91,6 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     (``"iterations"``, ``"seeds"``): the first differing keys are named in a one-line error.
     A key only one side knows (a setting added or removed by another turnrl version) is not
     compared. A folder made before settings were recorded is taken as made with these."""
-    from turnrl.errors import TurnRLError
-
     path = Path(out) / SETTINGS_FILE
     now = json.loads(json.dumps(settings, default=str))
     if path.is_file():
