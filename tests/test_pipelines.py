@@ -310,10 +310,11 @@ def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:
     m, ci = mean_ci95([0.0, 1.0, 0.5, 0.0])
     g = rows["eto"]["vs_sft_by_game"]
     assert (g["games"], g["seeds"], g["mean"]) == (4, 2, pytest.approx(m)) and g["ci95"] == pytest.approx(list(ci))
+    assert (g["up"], g["down"]) == (2, 0)  # games 1 and 2 go up, none down
     assert rows["sft"]["vs_sft_by_game"] is None and rows["eto"]["vs_sft"]["seeds"] == 3
     md = report(CompareConfig(methods=["sft", "eto"]), list(rows.values()), recs)
     assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |" in md
-    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0)" in md
+    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0; 2 up, 0 down)" in md
 
 
 def test_report_tables_round_a_statistic_once() -> None:

@@ -49,7 +49,7 @@ from turnrl.pipelines.eto import (
     run_pipeline,
 )
 from turnrl.pipelines.iterative import check_settings, run_stage
-from turnrl.stats import mean_ci95, overlap, paired_by_unit
+from turnrl.stats import mean_ci95, overlap, unit_differences
 from turnrl.train.core import atomic_write_json, atomic_write_text
 
 Log = Callable[[str], None]
@@ -319,14 +319,17 @@ def aggregate(records: list[Record]) -> list[Record]:
 def _paired_by_game(rs: list[Record], sft: dict[tuple[int, str], list[float]]) -> Record | None:
     """The row minus the same seed's SFT agent game by game, averaged over seeds, with a 95% CI
     across the evaluation games (:func:`~turnrl.stats.paired_by_unit`): how the gain varies with
-    which games were drawn (``vs_sft``'s CI is across seeds). Seeds whose records lack the games'
+    which games were drawn (``vs_sft``'s CI is across seeds); ``up``/``down``: how many games
+    the row raises and lowers (a gain can rest on a few games). Seeds whose records lack the games'
     returns (records written before they were kept) or played other games are left out."""
     both = [(r["game_returns"], sft[(r["seed"], r["split"])]) for r in rs
             if r.get("game_returns") and len(r["game_returns"]) == len(sft.get((r["seed"], r["split"]), []))]
     if not both:
         return None
-    m, (lo, hi), games = paired_by_unit([dict(enumerate(t)) for t, _ in both], [dict(enumerate(c)) for _, c in both])
-    return {"mean": m, "ci95": [lo, hi], "games": games, "seeds": len(both)}
+    diffs = unit_differences([dict(enumerate(t)) for t, _ in both], [dict(enumerate(c)) for _, c in both]).values()
+    m, (lo, hi) = mean_ci95(list(diffs))
+    return {"mean": m, "ci95": [lo, hi], "games": len(diffs), "seeds": len(both),
+            "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs)}
 
 
 def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | None:
@@ -357,7 +360,8 @@ def _versus(r: Record, base: Record) -> str:
         paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({_side(d)})"
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
-        paired += f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games ({_side(g)})"
+        paired += (f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games "
+                   f"({_side(g)}; {g['up']} up, {g['down']} down)")
     if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
         return head + "**above (CIs do not overlap)**" + paired
     return head + "not separated" + paired
