@@ -303,18 +303,18 @@ def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:
             _rec("sft", 1, "seen", 0.0, game_returns=[1.0, 0.0, -1.0, 0.0]),
             _rec("sft", 2, "seen", 0.0),  # written before games' returns were kept
             _rec("eto", 0, "seen", 0.5, iteration=1, game_returns=[1.0, 1.0, 0.0, 0.0]),
-            _rec("eto", 1, "seen", 0.25, iteration=1, game_returns=[1.0, 1.0, -1.0, 0.0]),
+            _rec("eto", 1, "seen", 0.0, iteration=1, game_returns=[1.0, 1.0, -1.0, -1.0]),
             _rec("eto", 2, "seen", 0.25, iteration=1)]
     rows = {r["method"]: r for r in aggregate(recs)}
-    # per game, the mean over seeds 0 and 1 of eto - sft: 0, 1, 0.5, 0
-    m, ci = mean_ci95([0.0, 1.0, 0.5, 0.0])
+    # per game, the mean over seeds 0 and 1 of eto - sft: 0, 1, 0.5, -0.5
+    m, ci = mean_ci95([0.0, 1.0, 0.5, -0.5])
     g = rows["eto"]["vs_sft_by_game"]
     assert (g["games"], g["seeds"], g["mean"]) == (4, 2, pytest.approx(m)) and g["ci95"] == pytest.approx(list(ci))
-    assert (g["up"], g["down"]) == (2, 0)  # games 1 and 2 go up, none down
+    assert (g["up"], g["down"]) == (2, 1)  # games 1 and 2 go up, game 3 down
     assert rows["sft"]["vs_sft_by_game"] is None and rows["eto"]["vs_sft"]["seeds"] == 3
     md = report(CompareConfig(methods=["sft", "eto"]), list(rows.values()), recs)
     assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |" in md
-    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0; 2 up, 0 down)" in md
+    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0; 2 up, 1 down)" in md
 
 
 def test_report_tables_round_a_statistic_once() -> None:
