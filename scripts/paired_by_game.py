@@ -8,7 +8,7 @@ randomness. When every seed starts from one SFT agent (``sft_seed``) and trains 
 agent, that CI can be narrow while the gain rests on a few of the evaluation games. This script
 gives the other CI: for each evaluation game, the row's return minus the SFT agent's on that game
 (the same game for both: same task and env seed), averaged over the seeds; then the mean over
-games with a 95% CI across games (as :func:`turnrl.stats.paired_by_unit`), and how many games go up
+games with a 95% CI across games (:func:`turnrl.stats.paired_by_unit`), and how many games go up
 and down. Paths are relative to each ``OUT/seed-S/`` folder; a seed without every file is left
 out and named.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from turnrl.data.io import iter_trajectories
 from turnrl.errors import TurnRLError
-from turnrl.stats import mean_ci95, unit_differences
+from turnrl.stats import paired_by_unit
 
 
 def returns_by_game(path: Path) -> dict[tuple[str, str, object], float]:
@@ -50,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise TurnRLError(f"{args.out}: no seed has both {rel} and {args.sft}")
             treated = [returns_by_game(d / rel) for d in have]
             control = [returns_by_game(d / args.sft) for d in have]
-            per_game = list(unit_differences(treated, control).values())
-            mean, (lo, hi) = mean_ci95(per_game)
-            n, up, down = len(per_game), sum(d > 0 for d in per_game), sum(d < 0 for d in per_game)
+            mean, (lo, hi), n, up, down = paired_by_unit(treated, control)
             note = f" (left out: {', '.join(missing)})" if missing else ""
             print(f"| {name}{note} | {len(have)} | {n} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
                   f"{up} / {n - up - down} / {down} |")

@@ -246,9 +246,10 @@ def test_paired_by_unit_hand_computed() -> None:
     treated = [{"a": 1.0, "b": 0.0, "c": 1.0}, {"a": 1.0, "b": 1.0, "c": -1.0}]
     control = [{"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 0.0, "c": 0.0, "d": 5.0}]  # d: not in every run
     # per unit, the mean over runs of treated - control: a (1 + 0)/2, b (0 + 1)/2, c (1 - 1)/2
-    mean, (lo, hi), n = paired_by_unit(treated, control)
+    mean, (lo, hi), n, up, down = paired_by_unit(treated, control)
     half = 4.303 * math.sqrt(1 / 12) / math.sqrt(3)  # sd of (0.5, 0.5, 0) is sqrt(1/12); t(2) = 4.303
     assert n == 3 and mean == pytest.approx(1 / 3)
+    assert (up, down) == (2, 0)  # a and b above 0, c at 0
     assert (lo, hi) == pytest.approx((1 / 3 - half, 1 / 3 + half))
     with pytest.raises(ValueError, match="as many treated as control runs"):
         paired_by_unit(treated, control[:1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -44,25 +44,30 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return not (a[1] < b[0] or b[1] < a[0])
 
 
-def paired_by_unit(treated: Sequence[Mapping[K, float]], control: Sequence[Mapping[K, float]]
-                   ) -> tuple[float, tuple[float, float], int]:
+class PairedByUnit(NamedTuple):
+    """:func:`paired_by_unit`'s result."""
+
+    mean: float
+    ci95: tuple[float, float]
+    units: int
+    up: int  # units whose d_u > 0
+    down: int  # units whose d_u < 0
+
+
+def paired_by_unit(treated: Sequence[Mapping[K, float]], control: Sequence[Mapping[K, float]]) -> PairedByUnit:
     """Paired difference by unit (e.g. an evaluation game) over runs (e.g. seeds).
 
     ``treated[k][u]`` and ``control[k][u]`` are unit ``u``'s outcome in run ``k``. For each unit
     in every run of both, ``d_u = mean_k(treated[k][u] - control[k][u])``; returns the mean of
-    the ``d_u``, its 95% CI across units (:func:`mean_ci95`) and the number of units. Where the
-    CI across runs measures how a result varies with the runs' randomness, this one measures how
-    it varies with which units were drawn."""
-    diffs = list(unit_differences(treated, control).values())
-    mean, ci = mean_ci95(diffs)
-    return mean, ci, len(diffs)
-
-
-def unit_differences(treated: Sequence[Mapping[K, float]], control: Sequence[Mapping[K, float]]) -> dict[K, float]:
-    """``{u: d_u}`` of :func:`paired_by_unit`, for every unit in every run of both (in ``repr`` order)."""
+    the ``d_u``, its 95% CI across units (:func:`mean_ci95`), the number of units and how many
+    ``d_u`` are above and below 0 (a mean gain can rest on a few units). Where the CI across
+    runs measures how a result varies with the runs' randomness, this one measures how it varies
+    with which units were drawn."""
     if len(treated) != len(control) or not treated:
         raise ValueError(f"a paired difference needs as many treated as control runs, at least one "
                          f"(got {len(treated)} and {len(control)})")
     units = set.intersection(*(set(m) for m in [*treated, *control]))
-    return {u: math.fsum(t[u] - c[u] for t, c in zip(treated, control, strict=True)) / len(treated)
-            for u in sorted(units, key=repr)}
+    diffs = [math.fsum(t[u] - c[u] for t, c in zip(treated, control, strict=True)) / len(treated)
+             for u in sorted(units, key=repr)]
+    mean, ci = mean_ci95(diffs)
+    return PairedByUnit(mean, ci, len(diffs), sum(d > 0 for d in diffs), sum(d < 0 for d in diffs))

@@ -49,7 +49,7 @@ from turnrl.pipelines.eto import (
     run_pipeline,
 )
 from turnrl.pipelines.iterative import check_settings, run_stage
-from turnrl.stats import mean_ci95, overlap, unit_differences
+from turnrl.stats import mean_ci95, overlap, paired_by_unit
 from turnrl.train.core import atomic_write_json, atomic_write_text
 
 Log = Callable[[str], None]
@@ -326,10 +326,8 @@ def _paired_by_game(rs: list[Record], sft: dict[tuple[int, str], list[float]]) -
             if r.get("game_returns") and len(r["game_returns"]) == len(sft.get((r["seed"], r["split"]), []))]
     if not both:
         return None
-    diffs = unit_differences([dict(enumerate(t)) for t, _ in both], [dict(enumerate(c)) for _, c in both]).values()
-    m, (lo, hi) = mean_ci95(list(diffs))
-    return {"mean": m, "ci95": [lo, hi], "games": len(diffs), "seeds": len(both),
-            "up": sum(d > 0 for d in diffs), "down": sum(d < 0 for d in diffs)}
+    p = paired_by_unit([dict(enumerate(t)) for t, _ in both], [dict(enumerate(c)) for _, c in both])
+    return {"mean": p.mean, "ci95": list(p.ci95), "games": p.units, "seeds": len(both), "up": p.up, "down": p.down}
 
 
 def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | None:
