@@ -85,6 +85,13 @@ def test_prompt_is_the_papers() -> None:
         env.step("blue")
 
 
+def test_no_context_says_earlier_steps_are_hidden() -> None:
+    env = envs.make("bandit", arms=5, horizon=6, context=0)
+    env.reset(options={"task_id": "bandit-3"})
+    obs = play(env, ["blue", "red"])[-1][0]
+    assert obs.splitlines() == ["(Earlier steps are not shown.)", "Step 3 of 6. Which button do you press?"]
+
+
 def test_continuous_variant_and_ucb_rationale_prompt() -> None:
     env = envs.make("bandit", arms=4, variant="continuous", rationale="ucb", ucb_c=2)
     env.reset(seed=0)

@@ -289,6 +289,8 @@ class BanditEnvBase(TextEnv):
         lines: list[str] = []
         if t == 0:
             lines.append(f"No {self.noun}s chosen yet.")
+        elif keep == 0:
+            lines.append("(Earlier steps are not shown.)")
         elif keep < t:
             lines.append(f"(Showing the last {keep} of {t} steps.)")
         for i in range(t - keep, t):
