@@ -215,6 +215,10 @@ def test_compact_rationales_for_study_data() -> None:
     assert compact_thought([(1, 0.3), (2, 0.1)], 2, best=True) == "Other."
     assert compact_thought([(1, 0.3), (2, 0.1), (1, -0.5)], 2, best=True) == "Best."
     assert compact_thought([(1, 0.3)], 3, best=True) == "Untried."
+    # lose-shift: the last valid pull's reward against the threshold (an invalid turn is skipped)
+    assert compact_thought([], 0, threshold=-0.5) == "Start."
+    assert compact_thought([(1, 0.3), (1, -0.7)], 2, threshold=-0.5) == "Low."
+    assert compact_thought([(1, -0.7), (2, -0.2), (None, 0.0)], 2, threshold=-0.5) == "High."
 
 
 def test_study_refuses_a_thinking_budget_below_its_replies(tiny_dir: Path, tmp_path: Path) -> None:
@@ -250,3 +254,56 @@ def test_study_paired_difference_and_common_eval_instances(tmp_path: Path) -> No
     assert res["RLFT"]["diff_seeds"]["mean"] == -2.0  # per seed -3, -1, -2
     assert res["RLFT"]["diff_seeds"]["n"] == 3 and res["RLFT"]["diff_pooled"]["n"] == 6
     assert "RLFT + bonus" not in res
+
+
+def test_study_tictactoe_rlft_starts_from_minimax_sft_and_pairs_by_opponent_seed(tmp_path: Path) -> None:
+    """Tic-tac-toe RLFT starts from the minimax SFT (trained first, as the claim's start); RLFT
+    seed s and every one-model row meet opponent seed 1000 + s; the paired difference is per seed."""
+    from turnrl.greedy_study import FULL, aggregate_ttt, plan_ttt
+
+    plan = plan_ttt(tmp_path, 3, FULL)
+    assert plan["main"] == ("minimax SFT", "RLFT")
+    assert [t[2][1] for t in plan["sft"]] == [tmp_path / "ttt-sft-minimax"]
+    assert [t[2][1] for t in plan["ref_sft"]] == [tmp_path / "ttt-sft-random"]
+    assert all(t[2][0] == tmp_path / "ttt-sft-minimax" / "model" for t in plan["rl"])
+    assert [t[2][3]["seed"] for t in plan["rl"]] == [0, 1, 2]
+    for tasks in plan["evals"].values():
+        for opp in ("random", "minimax"):
+            assert [t[2][5] for t in tasks if t[2][2] == opp] == [1000, 1001, 1002]
+
+    # hand-made evaluations: the start returns 0.5 / 0.4 / 0.6 against random, RLFT 0.7 / 0.5 / 0.9
+    means = {("minimax SFT", "random"): [0.5, 0.4, 0.6], ("RLFT", "random"): [0.7, 0.5, 0.9],
+             ("minimax SFT", "minimax"): [-0.5, -0.5, -0.5], ("RLFT", "minimax"): [-0.5, -0.25, -0.75]}
+    evals = {label: plan["evals"][label] for label in ("minimax SFT", "RLFT")}
+    for label, tasks in evals.items():
+        for t in tasks:
+            m = means[(label, t[2][2])][t[2][5] - 1000]
+            Path(t[2][0]).parent.mkdir(parents=True, exist_ok=True)
+            Path(t[2][0]).write_text(json.dumps({"mean": m, "returns": [m, m], "invalid": 0.1, "win": 0.5}))
+    res = aggregate_ttt(3, FULL, {**evals, "untrained": plan["evals"]["untrained"]})
+    assert res["not_run"] == ["untrained"]
+    assert res["rows"]["RLFT"]["random"]["per_seed"] == [0.7, 0.5, 0.9]
+    d = res["paired"]["RLFT"]["random"]  # 0.2, 0.1, 0.3
+    assert d["mean"] == pytest.approx(0.2) and d["n"] == 3 and d["ci95"][0] < 0.2 < d["ci95"][1]
+    assert res["paired"]["RLFT"]["minimax"]["mean"] == pytest.approx(0.0)
+
+
+@pytest.mark.slow
+def test_study_tictactoe_fast_runs_end_to_end_in_two_workers(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """The study's tic-tac-toe part on toy sizes, two worker processes: every row is evaluated
+    (an RLFT row's evaluation waits for its training) and the report names the paired difference."""
+    import shutil
+
+    from turnrl.greedy_study import run_study
+    from turnrl.models.tiny import TINY_VERSION
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_dir, home / TINY_VERSION)
+    monkeypatch.setenv("TURNRL_HOME", str(home))
+    res = run_study(tmp_path / "study", seeds=2, fast=True, parts=("tictactoe",), jobs=2)
+    t = res["tictactoe"]
+    assert "not_run" not in t
+    assert set(t["rows"]) == {"untrained", "random-move SFT", "minimax SFT", "RLFT"}
+    assert all(len(r["random"]["per_seed"]) == 2 for r in t["rows"].values())
+    assert (tmp_path / "study" / "ttt-rlft-s1" / "model" / "config.json").is_file()
+    assert "RLFT minus minimax SFT (its start)" in (tmp_path / "study" / "rlft-tables.md").read_text()

@@ -8,10 +8,13 @@ at step 50) and on tic-tac-toe:
   eps 0.3) with one-word rationales. The paper starts RLFT from pretrained LLMs that are
   greedy; this is the stand-in: with greedy decoding it commits to its first arm (coverage
   0.1), while sampling at temperature 1 still explores, so RLFT has something to reinforce.
-  On tic-tac-toe: SFT on random-move games (an aimless player);
-* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows);
+  On tic-tac-toe the random-move SFT (an aimless player) is a reference row;
+* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; on
+  tic-tac-toe the minimax SFT, 3 epochs on 100 games, has the answer format but still writes
+  many invalid moves, and is RLFT's start);
 * **RLFT**: PPO (:mod:`turnrl.train.ppo`) from the greedy-like SFT, ``seeds`` seeds (on
-  tic-tac-toe from the random-move SFT, against the random opponent);
+  tic-tac-toe from the minimax SFT, against the random opponent, with ``turnrl train ppo``'s
+  defaults for 40 iterations of 16 games: value head and GAE, lr 1e-4, -1 per invalid reply);
 * **RLFT + bonus**: the same with the exploration bonus (+1 for an untried action).
 
 Each stage writes its output under ``--out`` and is skipped when that output exists, so a
@@ -20,14 +23,16 @@ them. Bandit evaluation: greedy decoding (temperature 0) on the same ``instances
 for every row: a one-model row (untrained, SFT) has one evaluation, a trained row one per
 seed; the 95% CI is Student-t over the seeds (a point for a one-model row), the pooled CI
 over seeds x instances is reported too, and so is the paired per-instance difference of
-each RLFT row and its starting policy.
+each RLFT row and its starting policy. Tic-tac-toe: greedy games against the random and the
+minimax opponent, a one-model row with the RLFT seeds' opponent seeds, so RLFT seed s and its
+start meet the same opponent stream (the paired difference per seed).
 
 Compute choices for the tiny model on a shared 2-core CPU (all in :data:`FULL`): a short
 instruction (``instruction``) instead of the env's 170-token one, C = 3 history steps,
 one-word rationales ("Stay." / "Untried.", a reply of 10-11 tokens with this tokenizer)
 and thinking budget G = 16 tokens; PPO rollouts of ``ppo_horizon`` = 20 steps (the policy
-sees only the last 3 steps, and evaluation is at 50) of which 4 random turns train, and
-Monte-Carlo advantages on tic-tac-toe. The measured run and its outcome are in docs/rlft.md.
+sees only the last 3 steps, and evaluation is at 50) of which 4 random turns train. The
+measured runs and their outcomes are in docs/rlft.md.
 """
 
 from __future__ import annotations
@@ -62,11 +67,12 @@ FULL: dict[str, Any] = {
     "ppo": {"iterations": 4, "episodes_per_iter": 8, "turns_per_episode": 4, "ppo_epochs": 2, "minibatches": 1,
             "batch_size": 8, "lr": 2e-3, "max_new_tokens": 16, "gamma": 0.95, "beta_kl": 0.02, "warmup_ratio": 0.1},
     "instances": 50,
-    "ttt_sft_episodes": 120, "ttt_sft_steps": 80,
-    "ttt_ppo": {"iterations": 4, "episodes_per_iter": 16, "ppo_epochs": 2, "minibatches": 2, "batch_size": 8,
-                "lr": 1e-3, "max_new_tokens": 40, "gamma": 1.0, "beta_kl": 0.02, "warmup_ratio": 0.1,
-                "advantage": "mc"},
-    "ttt_games": 32,
+    # tic-tac-toe: both SFTs 3 epochs on 100 games (batch 16, lr 2e-3); RLFT from the minimax SFT with
+    # ``turnrl train ppo``'s defaults (lr 1e-4, value head + GAE) for 40 iterations of 16 games
+    "ttt_sft_episodes": 100, "ttt_sft_steps": 0, "ttt_sft_epochs": 3.0, "ttt_sft_lr": 2e-3,
+    "ttt_ppo": {"iterations": 40, "episodes_per_iter": 16, "num_envs": 16, "max_new_tokens": 32,
+                "invalid_penalty": -1.0},
+    "ttt_games": 100,
 }
 FAST: dict[str, Any] = {
     "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 6, "context": 3},
@@ -75,9 +81,9 @@ FAST: dict[str, Any] = {
     "ppo": {"iterations": 1, "episodes_per_iter": 4, "turns_per_episode": 2, "ppo_epochs": 1, "minibatches": 1,
             "batch_size": 2, "lr": 5e-4, "max_new_tokens": 16, "gamma": 0.8, "beta_kl": 0.05},
     "instances": 4,
-    "ttt_sft_episodes": 16, "ttt_sft_steps": 3,
+    "ttt_sft_episodes": 16, "ttt_sft_steps": 3, "ttt_sft_epochs": 1.0, "ttt_sft_lr": 2e-3,
     "ttt_ppo": {"iterations": 1, "episodes_per_iter": 4, "ppo_epochs": 1, "minibatches": 1, "batch_size": 2,
-                "lr": 5e-4, "max_new_tokens": 40, "gamma": 1.0, "beta_kl": 0.05},
+                "lr": 5e-4, "max_new_tokens": 32, "gamma": 1.0, "beta_kl": 0.05, "invalid_penalty": -1.0},
     "ttt_games": 4,
 }
 
@@ -90,7 +96,8 @@ class CompactBanditPolicy:
     ``Start.`` (nothing tried yet), ``Untried.`` (an arm never pulled), ``Stay.`` (the arm
     pulled last), ``Switch.`` (another tried arm); with the env's ``summary=best``,
     ``Best.`` (a tried arm of the highest mean) and ``Other.`` (another tried arm) replace
-    ``Stay.`` and ``Switch.``."""
+    ``Stay.`` and ``Switch.``; for ``lose-shift``, ``Low.`` / ``High.`` (the last reward against
+    its threshold: what one history line shows)."""
 
     def __init__(self, spec: str):
         from turnrl.bandits.algorithms import make_algorithm
@@ -107,16 +114,19 @@ class CompactBanditPolicy:
         for r in requests:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
-            thought = compact_thought(env.history, d.arm, best=env.summary == "best", arms=len(env.labels))
+            thought = compact_thought(env.history, d.arm, best=env.summary == "best", arms=len(env.labels),
+                                      threshold=self.agent.algo.params.get("threshold"))
             out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
 
 
 def compact_thought(history: Sequence[tuple[int | None, float]], arm: int, best: bool = False,
-                    arms: int = ARMS) -> str:
+                    arms: int = ARMS, threshold: float | None = None) -> str:
     tried = [a for a, _ in history if a is not None]
     if not tried:
         return "Start."
+    if threshold is not None:  # lose-shift: was the last valid pull's reward low?
+        return "Low." if [r for a, r in history if a is not None][-1] < threshold else "High."
     if arm not in tried:
         return "Untried."
     if best:  # the arm that summary=best names (a tie for the best mean counts as best too)
@@ -159,12 +169,13 @@ def check_budget(data: Path, budget: int, model: str = "tiny") -> int:
     return longest
 
 
-def _sft(data: Path, out: Path, steps: int, lr: float, batch: int, seed: int = 0) -> Path:
+def _sft(data: Path, out: Path, steps: int, lr: float, batch: int, seed: int = 0, epochs: float = 1.0) -> Path:
+    """SFT of the tiny model on ``data``: ``steps`` optimizer steps, or ``epochs`` when ``steps`` is 0."""
     from turnrl.train.sft import SFTConfig, train_sft
 
     if not (out / "summary.json").exists():
-        cfg = SFTConfig(history=0, max_steps=steps, lr=lr, batch_size=batch, row_tokens=2048, warmup_ratio=0.05,
-                        seed=seed, save_every=50)
+        cfg = SFTConfig(history=0, max_steps=steps, epochs=epochs, lr=lr, batch_size=batch, row_tokens=2048,
+                        warmup_ratio=0.05, seed=seed, save_every=50)
         train_sft("tiny", data, out, cfg, resume=True)
     return out / "model"
 
@@ -173,18 +184,20 @@ def _ppo(model: Path, env: str, out: Path, settings: dict[str, Any]) -> Path:
     from turnrl.train.ppo import PPOConfig, train_ppo
 
     if not (out / "summary.json").exists():
-        steps = settings["ppo_epochs"] * settings["minibatches"]
-        train_ppo(str(model), env, out, PPOConfig(**settings, save_every=steps), resume=True)
+        cfg = PPOConfig(**settings)  # a checkpoint at every iteration's end
+        train_ppo(str(model), env, out, cfg.model_copy(update={"save_every": cfg.ppo_epochs * cfg.minibatches}),
+                  resume=True)
     return out / "model"
 
 
 # --------------------------------------------------------------------------- evaluation
 
 
-def _model_policy(model: str | Path, max_new_tokens: int) -> Any:
+def _model_policy(model: str | Path, max_new_tokens: int, temperature: float = 0.0) -> Any:
     from turnrl.rollout import SamplingConfig, load_policy
 
-    return load_policy(str(model), sampling=SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens), history=0)
+    return load_policy(str(model), sampling=SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens),
+                       history=0)
 
 
 def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[str], max_new_tokens: int,
@@ -234,14 +247,20 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
 
 
 def ttt_eval(model: str | Path, opponent: str, games: int, max_new_tokens: int, instruction: str,
-             seed: int) -> dict[str, Any]:
+             seed: int, temperature: float = 0.0) -> dict[str, Any]:
+    """``games`` tic-tac-toe games of ``model`` (greedy unless ``temperature`` > 0, then sampled
+    with torch seeded by ``seed``) against ``opponent``: returns, mean, invalid rate, win rate."""
+    import torch
+
     from turnrl.agent.prompting import PromptConfig
     from turnrl.collect import run_policy
     from turnrl.rollout.sampler import invalid_rate
 
-    trajs = run_policy(_model_policy(model, max_new_tokens), "tictactoe", split="seen", episodes=games,
-                       env_opts={"opponent": opponent}, num_envs=games, seed=seed,
-                       prompt=PromptConfig(history=0, instruction=instruction))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        trajs = run_policy(_model_policy(model, max_new_tokens, temperature), "tictactoe", split="seen",
+                           episodes=games, env_opts={"opponent": opponent}, num_envs=games, seed=seed,
+                           prompt=PromptConfig(history=0, instruction=instruction))
     returns = [t.return_ for t in trajs]
     return {"returns": returns, "mean": float(np.mean(returns)), "invalid": invalid_rate(trajs),
             "win": float(np.mean([t.success for t in trajs]))}
@@ -430,7 +449,7 @@ def _mean_curve(curves: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"mean": m.round(4).tolist(), "lo": (m - half).round(4).tolist(), "hi": (m + half).round(4).tolist()}
 
 
-TTT_OPTS = {"opponent": "random"}
+TTT_OPTS = {"opponent": "random", "expert_ties": "ordered"}
 
 
 def collect_ttt(out: Path, cfg: dict[str, Any]) -> None:
@@ -450,18 +469,18 @@ def plan_ttt(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
     models = {"untrained": ["tiny"] * seeds, "random-move SFT": [str(out / "ttt-sft-random" / "model")] * seeds,
               "minimax SFT": [str(out / "ttt-sft-minimax" / "model")] * seeds,
               "RLFT": [str(out / f"ttt-rlft-s{s}" / "model") for s in range(seeds)]}
-    sft = [("tictactoe SFT random-move", _sft, (out / "data" / "ttt-random.jsonl", out / "ttt-sft-random",
-                                                cfg["ttt_sft_steps"], cfg["sft_lr"], cfg["sft_batch"])),
-           ("tictactoe SFT minimax", _sft, (out / "data" / "ttt-minimax.jsonl", out / "ttt-sft-minimax",
-                                            cfg["ttt_sft_steps"], cfg["sft_lr"], cfg["sft_batch"]))]
-    rl = [(f"tictactoe RLFT seed {s}", _ppo, (out / "ttt-sft-random" / "model", "tictactoe", out / f"ttt-rlft-s{s}",
+    sft = [(f"tictactoe SFT {kind}", _sft, (out / "data" / f"ttt-{kind}.jsonl", out / f"ttt-sft-{kind}",
+                                            cfg["ttt_sft_steps"], cfg["ttt_sft_lr"], cfg["sft_batch"], 0,
+                                            cfg["ttt_sft_epochs"]))
+           for kind in ("minimax", "random")]
+    rl = [(f"tictactoe RLFT seed {s}", _ppo, (out / "ttt-sft-minimax" / "model", "tictactoe", out / f"ttt-rlft-s{s}",
                                               {**cfg["ttt_ppo"], "seed": s, "instruction": TTT_INSTRUCTION,
                                                "env_opts": TTT_OPTS}))
           for s in range(seeds)]
     evals = {label: [(f"tictactoe eval {label} vs {opp} seed {s}", _eval_ttt_job,
                       (str(out / "eval" / f"ttt-{_key(label)}-{opp}-s{s}.json"), m, opp, cfg["ttt_games"], g, 1000 + s))
                      for opp in ("random", "minimax") for s, m in enumerate(ms)] for label, ms in models.items()}
-    return {"sft": sft[:1], "rl": rl, "evals": evals, "ref_sft": sft[1:], "main": ("random-move SFT", "RLFT"),
+    return {"sft": sft[:1], "rl": rl, "evals": evals, "ref_sft": sft[1:], "main": ("minimax SFT", "RLFT"),
             "order": 1}
 
 
@@ -474,11 +493,17 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
             continue
         for opp in ("random", "minimax"):
             per = [json.loads(Path(t[2][0]).read_text()) for t in tasks if t[2][2] == opp]
-            rec[opp] = {"return_seeds": _ci([p["mean"] for p in per]),
+            rec[opp] = {"return_seeds": _ci([p["mean"] for p in per]), "per_seed": [round(p["mean"], 4) for p in per],
                         "return_pooled": _ci([x for p in per for x in p["returns"]]),
                         "win": round(float(np.mean([p["win"] for p in per])), 3),
                         "invalid": round(float(np.mean([p["invalid"] for p in per])), 4)}
         result["rows"][label] = rec
+    start = result["rows"].get("minimax SFT")
+    for label, rec in result["rows"].items():
+        if label in ("RLFT", "RLFT + bonus") and start:  # the same eval seed (opponent stream) for both
+            result.setdefault("paired", {})[label] = {
+                opp: _ci([x - y for x, y in zip(rec[opp]["per_seed"], start[opp]["per_seed"], strict=True)])
+                for opp in ("random", "minimax")}
     return result
 
 
@@ -513,10 +538,13 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     pool = _Pool(1 if report_only else jobs, say)
     try:
         if not report_only:
-            # per part (bandit first): the starting SFT, RLFT, the evaluations of the claim rows
+            # per part (bandit first): the starting SFT; RLFT beside the start's evaluation; then the
+            # RLFT rows' evaluations (a worker must not pick one up while its model is still training)
             for p in sorted(plans.values(), key=lambda p: p["order"]):
+                start, *trained = p["main"]
                 pool.run(p["sft"])
-                pool.run(p["rl"] + [t for lab, ts in p["evals"].items() if lab in p["main"] for t in ts])
+                pool.run(p["rl"] + p["evals"][start])
+                pool.run([t for lab in trained for t in p["evals"][lab]])
             pool.run([t for p in plans.values() for t in p["ref_sft"]])
             pool.run([t for p in plans.values() for lab, ts in p["evals"].items() if lab not in p["main"] for t in ts])
     finally:
@@ -574,6 +602,11 @@ def report(result: dict[str, Any], where: Path) -> None:
                          f"{a['return_seeds']['ci95'][1]:.3f}] | {a['win']:.2f} | {m['return_seeds']['mean']:.3f} | "
                          f"[{m['return_seeds']['ci95'][0]:.3f}, {m['return_seeds']['ci95'][1]:.3f}] | "
                          f"{(a['invalid'] + m['invalid']) / 2:.2f} |")
+        lines.append("")
+        for label, d in t.get("paired", {}).items():
+            lines.append(f"* {label} minus minimax SFT (its start), same opponent seeds: "
+                         + "; ".join(f"vs {opp} {d[opp]['mean']:+.3f} [{d[opp]['ci95'][0]:+.3f}, "
+                                     f"{d[opp]['ci95'][1]:+.3f}]" for opp in ("random", "minimax")))
         _ttt_plot(t, where / "rlft-tictactoe.png")
     (where / "rlft-tables.md").write_text("\n".join(lines) + "\n")
 

@@ -34,6 +34,11 @@ Definitions (t = pulls so far, n_a = pulls of arm a, m_a = their mean reward):
 - ``linucb`` (``alpha``, default 1; ``lam``, default 1): disjoint LinUCB (Li et al. 2010):
   per arm A_a = lam·I + Σ x xᵀ, b_a = Σ r x, θ_a = A_a⁻¹ b_a, score θ_a·x + alpha·sqrt(xᵀ A_a⁻¹ x).
 - ``random`` (alias ``uniform``): a uniformly random arm.
+- ``lose-shift`` (alias ``wsls``; ``threshold``, default -0.5): win-stay, lose-shift. It repeats the
+  last arm unless that pull's reward was below ``threshold``, then takes the next arm in index
+  order (cyclic); the first pull is uniformly random. It needs only the last pull, so a model shown
+  one history line (``context=1``) can play it. On 10 Gaussian arms with means U(0, 1) and sigma 1
+  it has regret@50 of about 15, against 20 for committing to one arm (docs/rlft.md).
 
 Every algorithm takes ``c`` (the constant of the UCB values it reports). Specs are written
 ``name`` or ``name:key=value,key=value`` (``ucb:c=2``, ``epsilon-greedy:eps=0.2``).
@@ -293,11 +298,38 @@ class LinUCB(Algorithm):
         return super().ucb(state, ctx)
 
 
+class LoseShift(Algorithm):
+    name = "lose-shift"
+    defaults = {"threshold": -0.5}
+
+    def init(self, n: int, setting: Setting) -> State:
+        state = super().init(n, setting)
+        state.extra["last_arm"] = np.full(n, -1, dtype=np.int64)
+        state.extra["last_reward"] = np.zeros(n)
+        return state
+
+    def update(self, state: State, arms: np.ndarray, rewards: np.ndarray, ctx: np.ndarray | None = None) -> None:
+        super().update(state, arms, rewards, ctx)
+        valid = np.asarray(arms) >= 0
+        state.extra["last_arm"][valid] = np.asarray(arms)[valid]
+        state.extra["last_reward"][valid] = np.asarray(rewards, dtype=float)[valid]
+
+    def scores(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
+        """1 on the arm it pulls next, 0 elsewhere (all 0 before the first pull: a uniform tie)."""
+        last, k = state.extra["last_arm"], state.setting.arms
+        shift = state.extra["last_reward"] < float(self.params["threshold"])
+        nxt = np.where(shift, (last + 1) % k, last)
+        out = np.zeros((state.n, k))
+        tried = last >= 0
+        out[np.flatnonzero(tried), nxt[tried]] = 1.0
+        return out
+
+
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (UCB, Greedy, EpsilonGreedy, Thompson, LinUCB, RandomAlgo)
+    cls.name: cls for cls in (UCB, Greedy, EpsilonGreedy, Thompson, LinUCB, RandomAlgo, LoseShift)
 }
 ALIASES = {"eps-greedy": "epsilon-greedy", "egreedy": "epsilon-greedy", "ts": "thompson", "ucb1": "ucb",
-           "uniform": "random"}
+           "uniform": "random", "wsls": "lose-shift"}
 
 
 def _fmt(v: float) -> str:
@@ -360,7 +392,8 @@ def make_algorithm(spec: str) -> Algorithm:
 
 
 __all__ = [
-    "ALGORITHMS", "DEFAULT_C", "Algorithm", "EpsilonGreedy", "Greedy", "LinUCB", "RandomAlgo", "Setting", "State",
+    "ALGORITHMS", "DEFAULT_C", "Algorithm", "EpsilonGreedy", "Greedy", "LinUCB", "LoseShift", "RandomAlgo", "Setting",
+    "State",
     "Thompson", "UCB", "argmax_sets", "is_algorithm_spec", "make_algorithm", "random_argmax", "ucb_values",
     "uniform_over",
 ]

@@ -79,6 +79,9 @@ def thought(
             why = f"{lab} has the best mean reward so far ({means[arm]:.2f})."
     elif algo == "thompson":
         why = f"{lab} has the highest posterior sample."
+    elif algo == "lose-shift":
+        why = f"Nothing is tried yet, so I pick {lab}." if counts is not None and not any(counts) else \
+            f"I stay with {lab} or, after a low reward, move on to it."
     else:
         why = f"I pick {lab} at random."
     return f"{block}. {why}"
