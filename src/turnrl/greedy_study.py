@@ -498,12 +498,11 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
                         "win": round(float(np.mean([p["win"] for p in per])), 3),
                         "invalid": round(float(np.mean([p["invalid"] for p in per])), 4)}
         result["rows"][label] = rec
-    start = result["rows"].get("minimax SFT")
-    for label, rec in result["rows"].items():
-        if label in ("RLFT", "RLFT + bonus") and start:  # the same eval seed (opponent stream) for both
-            result.setdefault("paired", {})[label] = {
-                opp: _ci([x - y for x, y in zip(rec[opp]["per_seed"], start[opp]["per_seed"], strict=True)])
-                for opp in ("random", "minimax")}
+    start, rlft = result["rows"].get("minimax SFT"), result["rows"].get("RLFT")
+    if start and rlft:  # RLFT seed s and its start met opponent seed 1000 + s
+        result["paired"] = {"RLFT": {
+            opp: _ci([x - y for x, y in zip(rlft[opp]["per_seed"], start[opp]["per_seed"], strict=True)])
+            for opp in ("random", "minimax")}}
     return result
 
 
