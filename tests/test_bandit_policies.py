@@ -102,6 +102,7 @@ def test_lose_shift_by_hand() -> None:
     assert algo.probs(state).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]]
     algo.update(state, np.array([-1, 0, 2]), np.array([9.0, 2.0, -3.0]))  # an invalid pull keeps the last
     assert algo.select(state, None, np.random.default_rng(0)).tolist() == [1, 0, 3]
+    assert algo.choose(state, None, np.random.default_rng(0))[1].tolist() == [False, False, True]  # row 2 shifts
     assert make_algorithm("wsls").spec == "lose-shift" and make_algorithm("lose-shift:threshold=-1").spec == \
         "lose-shift:threshold=-1"
 
@@ -212,6 +213,9 @@ def test_other_scripted_policies_play_valid_actions(spec: str) -> None:
         assert 16 <= explored <= 48  # eps = 0.5 of 64 steps
     if spec == "greedy":  # commits to its first arm
         assert all(len(set(t.actions)) == 1 for t in trajs)
+    if spec == "lose-shift":  # the reason names the last reward's side of the threshold
+        assert all(any(w in m.content for w in ("was low, so I move on", "not low, so I stay", "Nothing is tried"))
+                   for m in turns)
 
 
 def test_linucb_on_the_contextual_bandit_and_collections_are_reproducible() -> None:

@@ -105,6 +105,8 @@ class CompactBanditPolicy:
 
         self.agent = ScriptedAgent(make_algorithm(spec))
         self.name = spec
+        algo = self.agent.algo
+        self.threshold = float(algo.params["threshold"]) if algo.name == "lose-shift" else None
 
     def act(self, requests: Sequence[Any]) -> list[Any]:
         from turnrl.bandits.policies import bandit_env
@@ -115,7 +117,7 @@ class CompactBanditPolicy:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
             thought = compact_thought(env.history, d.arm, best=env.summary == "best", arms=len(env.labels),
-                                      threshold=self.agent.algo.params.get("threshold"))
+                                      threshold=self.threshold)
             out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
 

@@ -314,15 +314,22 @@ class LoseShift(Algorithm):
         state.extra["last_arm"][valid] = np.asarray(arms)[valid]
         state.extra["last_reward"][valid] = np.asarray(rewards, dtype=float)[valid]
 
+    def shifts(self, state: State) -> np.ndarray:
+        """Which instances move on now: a last pull whose reward was below the threshold, [N]."""
+        return np.asarray((state.extra["last_arm"] >= 0) & (state.extra["last_reward"] < float(self.params["threshold"])))
+
     def scores(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
         """1 on the arm it pulls next, 0 elsewhere (all 0 before the first pull: a uniform tie)."""
         last, k = state.extra["last_arm"], state.setting.arms
-        shift = state.extra["last_reward"] < float(self.params["threshold"])
-        nxt = np.where(shift, (last + 1) % k, last)
+        nxt = np.where(self.shifts(state), (last + 1) % k, last)
         out = np.zeros((state.n, k))
         tried = last >= 0
         out[np.flatnonzero(tried), nxt[tried]] = 1.0
         return out
+
+    def choose(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """A shift counts as exploring (the rationale says why it moved on)."""
+        return self.select(state, ctx, rng), self.shifts(state)
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {

@@ -80,8 +80,11 @@ def thought(
     elif algo == "thompson":
         why = f"{lab} has the highest posterior sample."
     elif algo == "lose-shift":
-        why = f"Nothing is tried yet, so I pick {lab}." if counts is not None and not any(counts) else \
-            f"I stay with {lab} or, after a low reward, move on to it."
+        if counts is not None and not any(counts):
+            why = f"Nothing is tried yet, so I pick {lab}."
+        else:
+            why = f"The last reward was low, so I move on to {lab}." if explored else \
+                f"The last reward was not low, so I stay with {lab}."
     else:
         why = f"I pick {lab} at random."
     return f"{block}. {why}"
