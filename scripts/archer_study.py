@@ -112,14 +112,14 @@ def eval_model(setup: EnvSetup, model: Path, seed: int, episodes: int) -> dict:
     import torch
 
     from turnrl.collect import run_policy
+    from turnrl.devices import forked_rng
     from turnrl.rollout import SamplingConfig, load_policy
 
     torch.set_num_threads(1)
     eval_seed = 1000 + seed
     pol = load_policy(str(model), sampling=SamplingConfig(temperature=1.0, max_new_tokens=setup.max_new_tokens),
                       history=setup.history)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(eval_seed)
+    with forked_rng(eval_seed):
         trajs = run_policy(pol, setup.name, split="seen", episodes=episodes, env_opts=setup.env_opts,
                            num_envs=32, seed=eval_seed, prompt=setup.prompt())
     return {"return": float(np.mean([t.return_ for t in trajs])),

@@ -36,6 +36,25 @@ def tiny_model(tiny_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def ttt_demos_and_pairs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """16 expert tic-tac-toe demos (noisy opponent) and 12 expert-over-random trajectory pairs."""
+    from turnrl.collect import run_policy
+    from turnrl.data import pairs as P
+    from turnrl.data.io import write_jsonl
+    from turnrl.rollout import ExpertPolicy, RandomPolicy
+
+    d = tmp_path_factory.mktemp("ttt-data")
+    write_jsonl(d / "demos.jsonl", run_policy(ExpertPolicy(), "tictactoe", episodes=16,
+                                              env_opts={"opponent": "noisy"}))
+    opts = {"opponent": "random"}
+    pairs = P.trajectory_pairs(run_policy(ExpertPolicy(), "tictactoe", episodes=40, env_opts=opts),
+                               run_policy(RandomPolicy(), "tictactoe", episodes=40, env_opts=opts))
+    assert len(pairs) >= 12
+    write_jsonl(d / "pairs.jsonl", pairs[:12])
+    return d / "demos.jsonl", d / "pairs.jsonl"
+
+
+@pytest.fixture(scope="session")
 def load_script() -> Callable[[str], ModuleType]:
     """``load_script("name")``: the module ``scripts/name.py`` (scripts are no package)."""
 

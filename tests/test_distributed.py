@@ -17,10 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from turnrl.collect import run_policy
-from turnrl.data import pairs as P
-from turnrl.data.io import write_jsonl
-from turnrl.rollout import ExpertPolicy, RandomPolicy
 from turnrl.train.core import _cpu_only_launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +31,8 @@ def _free_port() -> int:
 
 def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "TURNRL_PROGRESS": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "TURNRL_HOME": str(home), "TOKENIZERS_PARALLELISM": "false"}
+            "TURNRL_HOME": str(home), "TOKENIZERS_PARALLELISM": "false",
+            "CUDA_VISIBLE_DEVICES": ""}  # both runs on the CPU, also on a machine with a GPU
 
 
 def _run(args: list[str], home: Path, *, processes: int) -> None:
@@ -92,16 +89,8 @@ def test_shipped_accelerate_configs_parse() -> None:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("ddp-data")
-    write_jsonl(d / "demos.jsonl", run_policy(ExpertPolicy(), "tictactoe", episodes=16,
-                                              env_opts={"opponent": "noisy"}))
-    opts = {"opponent": "random"}
-    pairs = P.trajectory_pairs(run_policy(ExpertPolicy(), "tictactoe", episodes=40, env_opts=opts),
-                               run_policy(RandomPolicy(), "tictactoe", episodes=40, env_opts=opts))
-    assert len(pairs) >= 12
-    write_jsonl(d / "pairs.jsonl", pairs[:12])
-    return d / "demos.jsonl", d / "pairs.jsonl"
+def data(ttt_demos_and_pairs: tuple[Path, Path]) -> tuple[Path, Path]:
+    return ttt_demos_and_pairs
 
 
 @pytest.mark.integration

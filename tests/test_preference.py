@@ -286,6 +286,20 @@ def test_shared_prefix_and_plain_packing_train_the_same(ttt_pairs, tiny_dir: Pat
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)
 
 
+def test_bf16_reference_is_computed_at_the_policy_precision(ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """Under mixed precision (CPU bf16 autocast here) the reference pass runs under the same
+    autocast as the policy's step, so step 1 (policy == reference) has loss log 2; a float32
+    reference put it about 5e-4 off."""
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    cfg = preference.PreferenceConfig(loss="dpo", lr=1e-4, max_steps=1, batch_size=4, mixed_precision="bf16")
+    preference.train_preference(str(tiny_dir), ttt_pairs[0], tmp_path / "run", cfg)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["loss"] == pytest.approx(math.log(2), abs=1e-5)
+
+
 def test_cli_pairs_and_bad_pairs_file(tmp_path: Path, tiny_dir: Path, capsys) -> None:
     opts = ["--env-opt", "opponent=random"]
     assert run(["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "20", "--out",

@@ -33,6 +33,33 @@ def model_policy(model, tokenizer, **sampling):
     return ModelPolicy(engine, chat, SamplingConfig(**sampling)), engine, chat
 
 
+def test_engine_generates_under_its_autocast(tiny_model, tiny_tokenizer) -> None:
+    """``autocast`` (a trainer's ``accelerator.autocast``) is entered around every
+    ``generate``: under a bf16 one the first token's log-prob moves off float32's."""
+    import contextlib
+
+    import torch
+
+    chat = ChatFormat(tiny_tokenizer)
+    prompts = [chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")] * 2
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=3)
+    entered = []
+
+    @contextlib.contextmanager
+    def bf16():
+        entered.append(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+
+    plain = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling)
+    engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids, autocast=bf16)
+    half = engine.generate(prompts, sampling)
+    engine.generate(prompts[:1], sampling)
+    assert len(entered) == 2
+    first = [(a.logprobs[0], b.logprobs[0]) for a, b in zip(plain, half, strict=True)]
+    assert all(x != y and x == pytest.approx(y, abs=0.2) for x, y in first), first
+
+
 @pytest.mark.parametrize("max_new_tokens", [6, 40])
 def test_rollout_tokenize_round_trip_is_token_exact(tiny_model, tiny_tokenizer, max_new_tokens: int) -> None:
     """The tokens trained on are the tokens sampled, and each turn's context is the prompt

@@ -60,6 +60,8 @@ class NLL:
         for i, x in enumerate(examples):
             ids[i, : len(x)] = torch.tensor(x)
             mask[i, : len(x)] = 1
+        device = next(model.parameters()).device  # the trainer places the model (a GPU when there is one)
+        ids, mask = ids.to(device), mask.to(device)
         logits = model(input_ids=ids, attention_mask=mask).logits.float()
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
         target_mask = mask[:, 1:].float()
@@ -310,3 +312,60 @@ def test_optimizer_first_step_by_hand(tmp_path: Path, optimizer: str) -> None:
 def test_sgd_momentum_is_rejected_for_adamw() -> None:
     with pytest.raises(ValueError, match="momentum"):
         TrainConfig(optimizer="adamw", momentum=0.9)
+
+
+def test_mixed_precision_loads_float32_master_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full fine-tuning always trains float32 weights (autocast does the half-precision
+    math); only a LoRA run's frozen base loads in half precision, and only on a GPU."""
+    from turnrl.config import parse_overrides
+    from turnrl.models.loading import training_dtype
+
+    for gpu in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        assert [training_dtype(mp, lora=False) for mp in ("no", "bf16", "fp16")] == ["float32"] * 3
+        want = ["float32", "bfloat16", "float16"] if gpu else ["float32"] * 3
+        assert [training_dtype(mp, lora=True) for mp in ("no", "bf16", "fp16")] == want
+    # YAML reads a bare ``no`` as false
+    assert TrainConfig(**parse_overrides(["mixed_precision=no"])).mixed_precision == "no"
+    with pytest.raises(ValueError, match="mixed_precision"):
+        TrainConfig(mixed_precision=True)  # type: ignore[arg-type]
+
+
+def test_auto_dtype_is_float32_off_the_gpu(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dtype='auto'`` means bf16 only for a model placed on a GPU: a model left on the
+    CPU (for a trainer to place, or evaluated there) stays float32 even when a GPU exists."""
+    from turnrl.devices import default_device
+    from turnrl.models.loading import load_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert default_device() == "cuda"
+    assert next(load_model(str(tiny_dir)).parameters()).dtype == torch.float32
+    assert next(load_model(str(tiny_dir), device="cpu").parameters()).dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_gpu_precision_check_script_runs_on_the_cpu(tmp_path: Path, load_script: Any,
+                                                    monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """``scripts/gpu_precision_check.py`` (the docs' one-GPU table) also runs on the CPU
+    (bf16 autocast there): float32 weights saved, DPO's first loss at log 2."""
+    mod = load_script("gpu_precision_check")
+    monkeypatch.setattr(sys, "argv", ["gpu_precision_check.py", str(tmp_path)])
+    mod.main()
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["new_sft_dtype"] == ["torch.float32"] and res["new_sft_moved_share"] > 0.9
+    assert abs(res["new_dpo_step1_loss_minus_log2"]) < 1e-5
+    assert all(d < 0.02 for d in res["new_ppo_first_minibatch_ratio_max_dev"])
+
+
+def test_forked_rng_seeds_inside_and_restores_outside() -> None:
+    from turnrl.devices import forked_rng
+
+    torch.manual_seed(5)
+    want = torch.rand(4)
+    torch.manual_seed(5)
+    with forked_rng(1):
+        inside = torch.rand(4)
+    assert torch.equal(torch.rand(4), want)
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(4), inside)

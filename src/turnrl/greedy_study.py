@@ -252,14 +252,12 @@ def ttt_eval(model: str | Path, opponent: str, games: int, max_new_tokens: int, 
              seed: int, temperature: float = 0.0) -> dict[str, Any]:
     """``games`` tic-tac-toe games of ``model`` (greedy unless ``temperature`` > 0, then sampled
     with torch seeded by ``seed``) against ``opponent``: returns, mean, invalid rate, win rate."""
-    import torch
-
     from turnrl.agent.prompting import PromptConfig
     from turnrl.collect import run_policy
+    from turnrl.devices import forked_rng
     from turnrl.rollout.sampler import invalid_rate
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with forked_rng(seed):
         trajs = run_policy(_model_policy(model, max_new_tokens, temperature), "tictactoe", split="seen",
                            episodes=games, env_opts={"opponent": opponent}, num_envs=games, seed=seed,
                            prompt=PromptConfig(history=0, instruction=instruction))

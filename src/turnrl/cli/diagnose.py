@@ -49,7 +49,7 @@ def diagnose_bandit(
     fb_rationale: Annotated[bool, typer.Option(
         help="Frequency bias: score the action after the model's own greedy rationale.")] = False,
     skip: Annotated[list[str] | None, typer.Option(help="Skip frequency-bias or knowing-doing.")] = None,
-    device: Annotated[str | None, typer.Option(help="Model device (cpu, cuda).")] = None,
+    device: Annotated[str | None, typer.Option(help="Model device (cpu, cuda; default: cuda when a GPU is visible).")] = None,
 ) -> None:
     """Diagnose policies on bandits; write diagnostics.json and PNG plots."""
     from rich.console import Console

@@ -84,14 +84,31 @@ def load_tokenizer(name: str | Path) -> Any:
     return tok
 
 
+def training_dtype(mixed_precision: str, lora: bool) -> str:
+    """The dtype to load a model in for training under ``mixed_precision`` (``no``, ``bf16``, ``fp16``).
+
+    Full fine-tuning keeps float32 master weights and lets accelerate's autocast run the
+    matrix products in half precision (the usual AMP recipe): weights stored in bf16 would
+    round an AdamW update of about ``lr`` away wherever ``|w| * 2**-9 > lr`` -- with lr 1e-5,
+    every weight above 0.005. With LoRA only the adapters train (peft keeps them in float32),
+    so on a GPU the frozen base loads in half precision to save memory."""
+    import torch
+
+    half = {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision)
+    return half if lora and half is not None and torch.cuda.is_available() else "float32"
+
+
 def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = None) -> Any:
-    """``AutoModelForCausalLM`` in ``dtype`` (``auto``: bf16 on a bf16-capable GPU, else fp32)."""
+    """``AutoModelForCausalLM`` in ``dtype`` on ``device`` (``None``: left on the CPU for a
+    trainer to place). ``auto``: bf16 when ``device`` is a bf16-capable GPU, else float32 --
+    never bf16 on the CPU, where it is slow and only rounds."""
     import torch
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
     if dtype == "auto":
-        torch_dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+        on_gpu = device is not None and str(device).startswith("cuda") and torch.cuda.is_available()
+        torch_dtype = torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
     else:
         torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                        "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]

@@ -53,10 +53,11 @@ class JudgeOracle(Oracle):
 
     def __init__(self, model: str | Path, *, batch_size: int = 16, max_tokens: int = 1024,
                  device: str | None = None, final_observation: bool = True):
+        from turnrl.devices import default_device
         from turnrl.models.loading import load_model, load_tokenizer
 
         self.tok = load_tokenizer(str(model))
-        self.model = load_model(str(model), device=device)
+        self.model = load_model(str(model), device=device or default_device())
         self.model.eval()
         self.chat = ChatFormat(self.tok)
         self.batch_size = max(1, batch_size)

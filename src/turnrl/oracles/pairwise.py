@@ -35,6 +35,7 @@ from torch import nn
 
 from turnrl.config import Config
 from turnrl.data.schema import Trajectory
+from turnrl.devices import default_device
 from turnrl.errors import TurnRLError
 from turnrl.oracles import Oracle, Query, complement, render_task, render_trajectory, sigmoid
 
@@ -251,6 +252,7 @@ class PairwiseModelOracle(Oracle):
                 raise TurnRLError(f"pairwise model not found: {p}")
             self.model = PairwiseModel.from_pretrained(p)
             tok = tokenizer or _load_tokenizer(p)
+            device = device or default_device()  # a model given as an object stays where it is
         if device is not None:
             self.model.to(device)
         self.model.eval()

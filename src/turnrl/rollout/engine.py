@@ -17,7 +17,8 @@ order, so the same random draws).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Protocol
@@ -54,8 +55,12 @@ class Engine(Protocol):
 class HFEngine:
     """Batched sampling with ``transformers``' ``generate``."""
 
-    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int], share_prefix: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int], share_prefix: bool = True,
+                 autocast: Callable[[], AbstractContextManager[Any]] | None = None):
         self.model = model
+        #: entered around each ``generate`` (a trainer's ``accelerator.autocast``: a model kept in
+        #: float32 for mixed-precision training samples in half precision too)
+        self.autocast = autocast
         #: prefill runs of identical consecutive prompts once (see the module docstring)
         self.share_prefix = share_prefix
         self.tokenizer = tokenizer
@@ -73,10 +78,13 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
         if not prompts:
             return []
+        with torch.inference_mode(), self.autocast() if self.autocast is not None else nullcontext():
+            return self._generate(prompts, sampling)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
         self.calls += 1
         counts = _runs(prompts) if self.share_prefix else [1] * len(prompts)
         firsts = list(accumulate([0, *counts[:-1]]))

@@ -121,6 +121,7 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     if scripted is not None:
         return scripted
     _check_not_a_typo(spec)
+    from turnrl.devices import default_device
     from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
     from turnrl.rollout.engine import HFEngine
     from turnrl.rollout.vllm_engine import ENGINES, VLLMEngine, import_vllm
@@ -137,7 +138,7 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec)
     tok = load_tokenizer(spec)
-    model = load_model(spec, device=device)
+    model = load_model(spec, device=device or default_device())
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
     return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec)

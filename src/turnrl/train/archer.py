@@ -78,6 +78,7 @@ import torch
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.config import Config, Range
 from turnrl.data.schema import Message, Trajectory
+from turnrl.devices import forked_rng
 from turnrl.errors import TurnRLError
 from turnrl.losses import (
     archer_actor_loss,
@@ -408,7 +409,7 @@ class OnlineRun:
 
     def __init__(self, algo: Algo, model_name: str, env_name: str, out: str | Path, cfg: OnlineConfig):
         from turnrl.collect import make_env_factory
-        from turnrl.models.loading import load_model, load_tokenizer
+        from turnrl.models.loading import load_model, load_tokenizer, training_dtype
         from turnrl.rollout.engine import HFEngine
         from turnrl.rollout.policies import _gen_eos
 
@@ -432,7 +433,7 @@ class OnlineRun:
         set_seed(cfg.seed)
         self.tok = load_tokenizer(model_name)
         mp = cfg.actor.mixed_precision
-        model = load_model(model_name, dtype="float32" if mp == "no" else "auto")
+        model = load_model(model_name, dtype=training_dtype(mp, cfg.actor.lora is not None))
         self.chat = ChatFormat(self.tok, extra_stop_ids=_gen_eos(model))
         self.accelerator = _make_accelerator(mp)
         if self.accelerator.num_processes > 1:
@@ -465,6 +466,8 @@ class OnlineRun:
                                                accelerator=self.accelerator, tokenizer=self.tok,
                                                run_config=self.run_config)
             model = self.actor_trainer.unwrapped_model
+        else:  # CHAI's actor is frozen: no trainer places it
+            model.to(self.accelerator.device)
         self.actor = model
         if uses_critic:
             critic_cfg = cfg.critic.model_copy(update={"seed": cfg.seed, "mixed_precision": mp})
@@ -477,7 +480,7 @@ class OnlineRun:
             self.critic = self.critic_trainer.unwrapped_model
             self.target.to(self.accelerator.device)
             self.accelerator.register_for_checkpointing(self.target)
-        self.engine = HFEngine(self.actor, self.tok, self.chat.stop_token_ids)
+        self.engine = HFEngine(self.actor, self.tok, self.chat.stop_token_ids, autocast=self.accelerator.autocast)
         self.replay = ReplayBuffer(cfg.capacity)
         self.iteration = 0
         self.env_steps = 0
@@ -623,8 +626,7 @@ class OnlineRun:
             specs = plan_episodes(probe, cfg.eval_split, cfg.eval_episodes, cfg.eval_seed)
         finally:
             probe.close()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.eval_seed)
+        with forked_rng(cfg.eval_seed):
             sampler = Sampler(self.make_env, self.policy(cfg.eval_temperature), env_name=self.env_name,
                               num_envs=max(cfg.num_envs, 32), prompt=cfg.prompt)
             try:
@@ -772,7 +774,7 @@ class OnlineRun:
             self.actor.save_pretrained(str(model_dir))
             self.tok.save_pretrained(str(model_dir))
         if self.critic is not None:
-            torch.save({"critic": self.critic.state_dict(), "target": self.target.state_dict(),
+            torch.save({"critic": _cpu(self.critic.state_dict()), "target": _cpu(self.target.state_dict()),
                         "config": self.cfg.critic.model_dump(mode="json")}, out / "critic.pt")
         evals = [r for r in self.history if "eval/return" in r]
         summary = {
@@ -785,6 +787,11 @@ class OnlineRun:
         }
         atomic_write_json(out / "summary.json", summary)
         return summary
+
+
+def _cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict on the CPU: a saved ``critic.pt`` loads on a machine without a GPU."""
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def _invalid(trajs: Sequence[Trajectory]) -> float:

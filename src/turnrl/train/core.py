@@ -76,6 +76,7 @@ from pydantic import ValidationInfo, field_validator
 from torch.optim.lr_scheduler import LambdaLR
 
 from turnrl.config import Config, Range
+from turnrl.devices import forked_rng
 from turnrl.errors import TurnRLError
 
 __all__ = [
@@ -137,6 +138,8 @@ class TrainConfig(Config):
     momentum: float = 0.0
     """SGD momentum in [0, 1) (``optimizer=sgd`` only)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """``bf16``/``fp16``: autocast forwards on float32 master weights (LoRA: a half-precision
+    frozen base); ``no``: float32 throughout."""
     gradient_checkpointing: bool = False
     save_every: int = 0
     """Optimizer steps between checkpoints; 0 = only at the end."""
@@ -151,6 +154,11 @@ class TrainConfig(Config):
                     **dict.fromkeys(("batch_size", "grad_accum", "log_every", "keep_checkpoints", "max_length",
                                      "row_tokens"), Range(1)),
                     "warmup_ratio": Range(0, 1), "momentum": Range(0, 1, hi_open=True)}
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, v: Any) -> Any:
+        return "no" if v is False else v  # YAML reads a bare ``no`` (``mixed_precision=no``) as false
 
     @field_validator("momentum")
     @classmethod
@@ -168,7 +176,10 @@ class Objective(Protocol):
         ...
 
     def __call__(self, model: Any, examples: Sequence[Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Return (loss summed over the units of ``examples``, metric sums over them)."""
+        """Return (loss summed over the units of ``examples``, metric sums over them).
+
+        ``model`` is wherever the trainer placed it (a GPU when there is one, under
+        autocast with mixed precision): build input tensors on its device."""
         ...
 
 
@@ -543,7 +554,8 @@ class Trainer:
             examples = [self.dataset[i] for i in micro]
             sync = j == len(micros) - 1
             with contextlib.nullcontext() if sync else acc.no_sync(self.model):
-                loss, metrics = self.objective(self.model, examples)
+                with acc.autocast():  # also covers an objective's frozen reference model
+                    loss, metrics = self.objective(self.model, examples)
                 loss = loss * weight
                 acc.backward(loss * scale)
             loss_sum += loss.detach().to(torch.float64)
@@ -595,10 +607,9 @@ class Trainer:
             return {}
         model = self.unwrapped_model
         py_state, np_state = random.getstate(), np.random.get_state()
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         was_training = model.training
         try:
-            with torch.random.fork_rng(devices=devices):
+            with forked_rng():
                 model.eval()
                 out = self.eval_fn(model, step) or {}
         finally:

@@ -218,6 +218,6 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must be in [0, 1], got {tau}")
     for t, o in zip(target.parameters(), online.parameters(), strict=True):
-        t.mul_(1.0 - tau).add_(o.detach().to(t.dtype), alpha=tau)
+        t.mul_(1.0 - tau).add_(o.detach().to(device=t.device, dtype=t.dtype), alpha=tau)
     for tb, ob in zip(target.buffers(), online.buffers(), strict=True):
         tb.copy_(ob)

@@ -417,7 +417,9 @@ class PPORunner:
                             invalid_penalty=0.0)
 
     def policy(self, temperature: float) -> ModelPolicy:
-        engine = HFEngine(self.model, self.tokenizer, self.chat.stop_token_ids)
+        assert self.trainer is not None
+        engine = HFEngine(self.model, self.tokenizer, self.chat.stop_token_ids,
+                          autocast=self.trainer.accelerator.autocast)
         sampling = SamplingConfig(temperature=temperature, max_new_tokens=self.cfg.max_new_tokens)
         return ModelPolicy(engine, self.chat, sampling, history=self.cfg.history, name="ppo")
 
@@ -468,7 +470,10 @@ class PPORunner:
             else:
                 chosen.append(list(eps))
         needs_values = self.advantage == "gae"
-        self._old_pass(samples if needs_values else chosen, values=needs_values)
+        assert self.trainer is not None
+        autocast = self.trainer.accelerator.autocast  # the precision of the update: ratio 1 at its start
+        with autocast():
+            self._old_pass(samples if needs_values else chosen, values=needs_values)
         r, mask = _padded(rewards)
         if self.advantage == "gae":
             v = torch.zeros_like(r)
@@ -487,7 +492,8 @@ class PPORunner:
             s.advantage = a
             s.ret = float(ret[s.episode, s.turn])
         if cfg.beta_kl > 0 and cfg.kl_estimator != "full":
-            self._ref_pass(flat)
+            with autocast():
+                self._ref_pass(flat)
         for i, eps in enumerate(chosen):
             self.buffer.items[i] = eps
         returns = [t.return_ for t in trajs]
@@ -621,7 +627,7 @@ def advantage_kind(cfg: PPOConfig, env_name: str) -> str:
 
 def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *, resume: bool = False) -> TrainResult:
     """Load the model, build the online loop and run it on the trainer core."""
-    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.models.loading import load_model, load_tokenizer, training_dtype
 
     _check(cfg, env_name)
     kind = advantage_kind(cfg, env_name)
@@ -636,7 +642,7 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
         train_cfg.lora = LoraSettings(**{**cfg.lora.model_dump(), "modules_to_save": [*mods, "value_head"]})
     tok = load_tokenizer(model_name)
     chat = ChatFormat(tok)
-    model = load_model(model_name, dtype="float32" if cfg.mixed_precision == "no" else "auto")
+    model = load_model(model_name, dtype=training_dtype(cfg.mixed_precision, cfg.lora is not None))
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if kind == "gae" and find_value_head(model) is None:
@@ -662,6 +668,8 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
                       before_step=runner.before_step,
                       eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
     runner.trainer = trainer
+    if ref_model is not None:  # the trainer placed the policy; the frozen reference goes beside it
+        ref_model.to(trainer.accelerator.device)
     if kind == "gae":
         objective.value_head = find_value_head(trainer.unwrapped_model)
     if ref_model is None and cfg.beta_kl > 0 and not _is_peft(trainer.unwrapped_model):

@@ -338,12 +338,14 @@ def compute_reference(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, 
 
 
 def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig) -> Path:
-    from turnrl.models.loading import turnrl_home
+    from turnrl.models.loading import training_dtype, turnrl_home
 
     key_settings: dict[str, Any] = {"max_length": cfg.max_length, "loss_kind": cfg.loss == "sppo",
                                     "mp": cfg.mixed_precision}
     if cfg.history is not None:
         key_settings["history"] = cfg.history
+    if cfg.mixed_precision != "no":  # the dtype the reference loads in, run under autocast
+        key_settings["weights"] = training_dtype(cfg.mixed_precision, cfg.lora is not None)
     settings = json.dumps(key_settings, sort_keys=True)
     key = hashlib.sha256(f"{ref_fingerprint}/{data_hash}/{settings}".encode()).hexdigest()[:24]
     return turnrl_home() / "ref_logps" / f"{key}.pt"
@@ -397,7 +399,7 @@ def train_preference(
     eval_data: str | Path | None = None,
 ) -> TrainResult:
     """Tokenize, precompute (or load) reference log-probs, and run the trainer core."""
-    from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
+    from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path, training_dtype
 
     if cfg.loss not in LOSSES:
         raise TurnRLError(f"unknown loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
@@ -408,7 +410,7 @@ def train_preference(
     pad_id = tok.pad_token_id or 0
     units, stats = load_units(data, chat, cfg)
     held_out = load_units(eval_data, chat, cfg)[0] if eval_data is not None else []
-    dtype = "float32" if cfg.mixed_precision == "no" else "auto"
+    dtype = training_dtype(cfg.mixed_precision, cfg.lora is not None)
     model = load_model(model_name, dtype=dtype)
     acc = _make_accelerator(cfg.mixed_precision)
 
@@ -421,7 +423,9 @@ def train_preference(
         if acc.is_main_process and not cache.is_file():
             ref = model if cfg.ref_model is None else load_model(cfg.ref_model, dtype=dtype)
             ref.to(acc.device)
-            _save_atomic(compute_reference(ref, group, cfg, pad_id), cache)
+            with acc.autocast():  # the precision the policy's first step runs in: its loss starts at log 2
+                refs = compute_reference(ref, group, cfg, pad_id)
+            _save_atomic(refs, cache)
             if ref is not model:
                 del ref
         acc.wait_for_everyone()

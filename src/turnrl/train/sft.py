@@ -111,7 +111,7 @@ def file_hash(path: str | Path) -> str:
 def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig, *, resume: bool = False,
               eval_fn: Any = None) -> TrainResult:
     """Load the model and data, tokenize, and run the trainer core."""
-    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.models.loading import load_model, load_tokenizer, training_dtype
 
     trajs = load_trajectories(data)
     if cfg.only_success:
@@ -125,7 +125,7 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
         if not any(m.role == "assistant" for t in trajs for m in t.messages):
             raise TurnRLError(f"{data}: no trajectory has an agent (assistant) turn to train on")
         raise TurnRLError(f"{data}: every trajectory is longer than max_length={cfg.max_length} at its first turn")
-    model = load_model(model_name, dtype="float32" if cfg.mixed_precision == "no" else "auto")
+    model = load_model(model_name, dtype=training_dtype(cfg.mixed_precision, cfg.lora is not None))
     run_config = {"algo": "sft", "model": str(model_name), "data": file_hash(data), "sft": cfg.model_dump(mode="json")}
     out = Path(out)
     trainer = Trainer(
