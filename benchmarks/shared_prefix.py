@@ -59,7 +59,7 @@ def main() -> None:
 
         model_dir = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
     cuda = torch.cuda.is_available()
-    model = load_model(model_dir).to("cuda" if cuda else "cpu").eval()
+    model = load_model(model_dir, device="cuda" if cuda else "cpu").eval()  # bf16 on a GPU
     tok = load_tokenizer(model_dir)
     chat = ChatFormat(tok)
     gen = torch.Generator().manual_seed(0)

@@ -255,6 +255,18 @@ def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
         )
 
 
+def test_lora_on_a_half_precision_base_trains_float32(tmp_path: Path) -> None:
+    """A bf16 base (LoRA under mixed precision on a GPU) with a trainable ``modules_to_save``
+    copy: every trainable parameter is float32, the frozen base stays bf16."""
+    cfg = base_cfg(max_steps=1, mixed_precision="bf16",
+                   lora=LoraSettings(r=4, alpha=8, modules_to_save=["lm_head"]))
+    trainer = Trainer(build_model().to(torch.bfloat16), cfg, tmp_path, make_data(8), NLL())
+    params = list(trainer.unwrapped_model.named_parameters())
+    trainable = {p.dtype for _, p in params if p.requires_grad}
+    assert trainable == {torch.float32} and any("modules_to_save" in n for n, p in params if p.requires_grad)
+    assert {p.dtype for _, p in params if not p.requires_grad} == {torch.bfloat16}
+
+
 @pytest.mark.filterwarnings("error:.*gradient_checkpointing_enable.*:FutureWarning")
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_changes_no_loss_or_gradient(tmp_path: Path, lora: bool) -> None:
@@ -325,6 +337,9 @@ def test_mixed_precision_loads_float32_master_weights(monkeypatch: pytest.Monkey
         assert [training_dtype(mp, lora=False) for mp in ("no", "bf16", "fp16")] == ["float32"] * 3
         want = ["float32", "bfloat16", "float16"] if gpu else ["float32"] * 3
         assert [training_dtype(mp, lora=True) for mp in ("no", "bf16", "fp16")] == want
+    # DeepSpeed keeps its own float32 copy and runs the model in half precision (no autocast)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert [training_dtype(mp, lora=False) for mp in ("no", "bf16", "fp16")] == ["float32", "bfloat16", "float16"]
     # YAML reads a bare ``no`` as false
     assert TrainConfig(**parse_overrides(["mixed_precision=no"])).mixed_precision == "no"
     with pytest.raises(ValueError, match="mixed_precision"):

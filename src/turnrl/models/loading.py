@@ -91,11 +91,17 @@ def training_dtype(mixed_precision: str, lora: bool) -> str:
     matrix products in half precision (the usual AMP recipe): weights stored in bf16 would
     round an AdamW update of about ``lr`` away wherever ``|w| * 2**-9 > lr`` -- with lr 1e-5,
     every weight above 0.005. With LoRA only the adapters train (peft keeps them in float32),
-    so on a GPU the frozen base loads in half precision to save memory."""
+    so on a GPU the frozen base loads in half precision to save memory. Under DeepSpeed
+    (``ACCELERATE_USE_DEEPSPEED``), whose engine keeps its own float32 master copy and runs the
+    model in half precision without autocast, the model loads in half precision too, so that
+    a reference computed before the engine wraps it matches the policy's precision."""
+    import os
+
     import torch
 
     half = {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision)
-    return half if lora and half is not None and torch.cuda.is_available() else "float32"
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
+    return half if half is not None and (deepspeed or lora and torch.cuda.is_available()) else "float32"
 
 
 def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = None) -> Any:

@@ -391,6 +391,10 @@ class Trainer:
                     modules_to_save=cfg.lora.modules_to_save,
                 ),
             )
+        if cfg.mixed_precision != "no":  # what trains keeps float32 master weights (a half-precision
+            for p in model.parameters():  # base's modules_to_save copies stay half otherwise)
+                if p.requires_grad and p.dtype != torch.float32:
+                    p.data = p.data.float()
         if cfg.gradient_checkpointing:
             # transformers >= 5.24 names it activation checkpointing (the old name warns, and goes in 6)
             enable = getattr(model, "activation_checkpointing_enable", None)

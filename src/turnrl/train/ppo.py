@@ -650,7 +650,7 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
         head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
-        model.value_head = head.to(next(model.parameters()).device, next(model.parameters()).dtype)
+        model.value_head = head.to(next(model.parameters()).device)  # float32: it trains
     ref_model = None
     if cfg.beta_kl > 0 and cfg.lora is None:
         ref_model = copy.deepcopy(model).eval()
