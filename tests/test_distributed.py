@@ -88,14 +88,9 @@ def test_shipped_accelerate_configs_parse() -> None:
     assert cpu["use_cpu"] is True and cpu["num_processes"] == 2
 
 
-@pytest.fixture(scope="module")
-def data(ttt_demos_and_pairs: tuple[Path, Path]) -> tuple[Path, Path]:
-    return ttt_demos_and_pairs
-
-
 @pytest.mark.integration
-def test_sft_on_two_cpu_processes_equals_one(tiny_dir: Path, data: tuple[Path, Path], tmp_path: Path) -> None:
-    demos, _ = data
+def test_sft_on_two_cpu_processes_equals_one(tiny_dir: Path, ttt_demos_and_pairs: tuple[Path, Path], tmp_path: Path) -> None:
+    demos, _ = ttt_demos_and_pairs
     common = ["--model", str(tiny_dir), "--data", str(demos), "max_steps=3", "lr=1e-3", "row_tokens=1024",
               "warmup_ratio=0"]
     _run(["train", "sft", *common, "--out", str(tmp_path / "one"), "batch_size=4"], tmp_path / "home", processes=1)
@@ -105,8 +100,8 @@ def test_sft_on_two_cpu_processes_equals_one(tiny_dir: Path, data: tuple[Path, P
 
 
 @pytest.mark.integration
-def test_dpo_on_two_cpu_processes_equals_one(tiny_dir: Path, data: tuple[Path, Path], tmp_path: Path) -> None:
-    _, pairs = data
+def test_dpo_on_two_cpu_processes_equals_one(tiny_dir: Path, ttt_demos_and_pairs: tuple[Path, Path], tmp_path: Path) -> None:
+    _, pairs = ttt_demos_and_pairs
     common = ["--model", str(tiny_dir), "--pairs", str(pairs), "max_steps=3", "lr=1e-3", "warmup_ratio=0"]
     _run(["train", "dpo", *common, "--out", str(tmp_path / "one"), "batch_size=4"], tmp_path / "home", processes=1)
     _run(["train", "dpo", *common, "--out", str(tmp_path / "two"), "batch_size=2"], tmp_path / "home", processes=2)

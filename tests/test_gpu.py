@@ -41,16 +41,11 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-@pytest.fixture(scope="module")
-def data(ttt_demos_and_pairs: tuple[Path, Path]) -> tuple[Path, Path]:
-    return ttt_demos_and_pairs
-
-
-def test_bf16_sft_keeps_float32_weights_that_small_steps_move(tiny_dir: Path, data: tuple[Path, Path],
+def test_bf16_sft_keeps_float32_weights_that_small_steps_move(tiny_dir: Path, ttt_demos_and_pairs: tuple[Path, Path],
                                                               tmp_path: Path) -> None:
     """lr 1e-5 on bf16-stored weights rounds away wherever |w| > 0.005; float32 master
     weights move everywhere, and the loss curve follows the CPU's float32 run."""
-    demos, _ = data
+    demos, _ = ttt_demos_and_pairs
     common = ["train", "sft", "--model", str(tiny_dir), "--data", str(demos), "max_steps=3", "batch_size=4",
               "row_tokens=1024", "warmup_ratio=0"]
     _run([*common, "--out", str(tmp_path / "gpu"), "lr=1e-5", "mixed_precision=bf16"], tmp_path / "home")
@@ -66,10 +61,10 @@ def test_bf16_sft_keeps_float32_weights_that_small_steps_move(tiny_dir: Path, da
     assert all(math.isfinite(r["grad_norm"]) for r in gpu)
 
 
-def test_bf16_dpo_starts_at_log2(tiny_dir: Path, data: tuple[Path, Path], tmp_path: Path) -> None:
+def test_bf16_dpo_starts_at_log2(tiny_dir: Path, ttt_demos_and_pairs: tuple[Path, Path], tmp_path: Path) -> None:
     """The reference log-probs are computed at the policy's precision, so at step 1
     (policy == reference) every margin is 0 and the DPO loss is log 2."""
-    _, pairs = data
+    _, pairs = ttt_demos_and_pairs
     out = tmp_path / "dpo"
     _run(["train", "dpo", "--model", str(tiny_dir), "--pairs", str(pairs), "--out", str(out), "max_steps=3",
           "batch_size=4", "lr=1e-4", "warmup_ratio=0", "mixed_precision=bf16"], tmp_path / "home")

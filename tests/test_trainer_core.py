@@ -354,7 +354,7 @@ def test_auto_dtype_is_float32_off_the_gpu(tiny_dir: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert default_device() == "cuda"
+    assert default_device() == "cuda" and default_device("cpu") == "cpu"
     assert next(load_model(str(tiny_dir)).parameters()).dtype == torch.float32
     assert next(load_model(str(tiny_dir), device="cpu").parameters()).dtype == torch.float32
 

@@ -6,12 +6,12 @@ import contextlib
 from collections.abc import Iterator
 
 
-def default_device() -> str:
-    """Where inference (policies, judges) puts a model by default: ``cuda`` when a GPU is
-    visible, else ``cpu``."""
+def default_device(device: str | None = None) -> str:
+    """Where inference (policies, judges) puts a model: ``device`` when given, else ``cuda``
+    when a GPU is visible, else ``cpu``."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ class JudgeOracle(Oracle):
         from turnrl.models.loading import load_model, load_tokenizer
 
         self.tok = load_tokenizer(str(model))
-        self.model = load_model(str(model), device=device or default_device())
+        self.model = load_model(str(model), device=default_device(device))
         self.model.eval()
         self.chat = ChatFormat(self.tok)
         self.batch_size = max(1, batch_size)

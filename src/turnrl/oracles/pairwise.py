@@ -252,7 +252,7 @@ class PairwiseModelOracle(Oracle):
                 raise TurnRLError(f"pairwise model not found: {p}")
             self.model = PairwiseModel.from_pretrained(p)
             tok = tokenizer or _load_tokenizer(p)
-            device = device or default_device()  # a model given as an object stays where it is
+            device = default_device(device)  # a model given as an object stays where it is
         if device is not None:
             self.model.to(device)
         self.model.eval()

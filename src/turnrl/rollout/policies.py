@@ -138,7 +138,7 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec)
     tok = load_tokenizer(spec)
-    model = load_model(spec, device=device or default_device())
+    model = load_model(spec, device=default_device(device))
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
     return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec)

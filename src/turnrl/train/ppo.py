@@ -412,14 +412,19 @@ class PPORunner:
         assert self.trainer is not None
         return self.trainer.unwrapped_model
 
+    @property
+    def autocast(self) -> Any:
+        """The trainer's ``accelerator.autocast``: rollouts and the old/reference passes run at
+        the update's precision, so the first minibatch has ratio 1."""
+        assert self.trainer is not None
+        return self.trainer.accelerator.autocast
+
     def prompt(self) -> PromptConfig:
         return PromptConfig(history=self.cfg.history, instruction=self.cfg.instruction, invalid_action="random",
                             invalid_penalty=0.0)
 
     def policy(self, temperature: float) -> ModelPolicy:
-        assert self.trainer is not None
-        engine = HFEngine(self.model, self.tokenizer, self.chat.stop_token_ids,
-                          autocast=self.trainer.accelerator.autocast)
+        engine = HFEngine(self.model, self.tokenizer, self.chat.stop_token_ids, autocast=self.autocast)
         sampling = SamplingConfig(temperature=temperature, max_new_tokens=self.cfg.max_new_tokens)
         return ModelPolicy(engine, self.chat, sampling, history=self.cfg.history, name="ppo")
 
@@ -470,9 +475,7 @@ class PPORunner:
             else:
                 chosen.append(list(eps))
         needs_values = self.advantage == "gae"
-        assert self.trainer is not None
-        autocast = self.trainer.accelerator.autocast  # the precision of the update: ratio 1 at its start
-        with autocast():
+        with self.autocast():
             self._old_pass(samples if needs_values else chosen, values=needs_values)
         r, mask = _padded(rewards)
         if self.advantage == "gae":
@@ -492,7 +495,7 @@ class PPORunner:
             s.advantage = a
             s.ret = float(ret[s.episode, s.turn])
         if cfg.beta_kl > 0 and cfg.kl_estimator != "full":
-            with autocast():
+            with self.autocast():
                 self._ref_pass(flat)
         for i, eps in enumerate(chosen):
             self.buffer.items[i] = eps
