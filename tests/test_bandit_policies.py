@@ -107,6 +107,36 @@ def test_lose_shift_by_hand() -> None:
         "lose-shift:threshold=-1"
 
 
+def test_lose_shift_follow_by_hand() -> None:
+    """``follow`` is the chance that a low reward does shift: probs put it on the next arm and the
+    rest on the last; the most likely arm (``scores``) is the last one below 1/2; sampling matches."""
+    algo = make_algorithm("lose-shift:threshold=0,follow=0.3")
+    state = algo.init(4000, Setting(arms=4))
+    algo.update(state, np.array([1, 3] * 2000), np.array([-1.0, 1.0] * 2000))  # even rows low, odd rows high
+    assert np.allclose(algo.probs(state)[:2], [[0, 0.7, 0.3, 0], [0, 0, 0, 1]])
+    assert algo.scores(state)[0].tolist() == [0, 1, 0, 0]
+    arms, shifted = algo.choose(state, None, np.random.default_rng(0))
+    assert set(arms[1::2].tolist()) == {3} and not shifted[1::2].any()  # high: always stays
+    assert shifted[::2].tolist() == (arms[::2] == 2).tolist() and set(arms[::2].tolist()) == {1, 2}
+    assert abs(shifted[::2].mean() - 0.3) < 0.04
+    half = make_algorithm("lose-shift:threshold=0,follow=0.5")
+    s2 = half.init(1, Setting(arms=4))
+    half.update(s2, np.array([0]), np.array([-1.0]))
+    assert half.scores(s2)[0].tolist() == [1, 1, 0, 0]  # a tie between staying and moving on
+    with pytest.raises(TurnRLError, match="follow must be in"):
+        make_algorithm("lose-shift:follow=1.5")
+
+
+def test_lose_shift_follow_one_draws_as_before() -> None:
+    """With ``follow`` 1 (the default) the draws are those of the plain rule, the seed included."""
+    plain, explicit = make_algorithm("lose-shift"), make_algorithm("lose-shift:follow=1")
+    env = envs.make("bandit", arms=10, noise="medium", horizon=20)
+    inst = env.instances(env.task_ids("seen")[:30])
+    a, b = simulate(plain, inst, seed=3), simulate(explicit, inst, seed=3)
+    assert np.array_equal(cumulative_regret(a), cumulative_regret(b))
+    assert explicit.spec == "lose-shift"
+
+
 def test_lose_shift_beats_committing_on_ten_noisy_arms() -> None:
     """Its regret@50 on 10 Gaussian arms (sigma 1) is well below greedy's (which commits)."""
     env = envs.make("bandit", arms=10, noise="medium", horizon=50)

@@ -256,6 +256,59 @@ def test_study_paired_difference_and_common_eval_instances(tmp_path: Path) -> No
     assert "RLFT + bonus" not in res
 
 
+def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
+    """The knowing-doing design: its start's data always says ``Low.`` after a low reward but moves
+    on only some of the time (to the next label), one history line in the prompt; the reference rows
+    are the UCB SFT and the lose-shift SFT, each with its own data, SFT dir and steps."""
+    from turnrl.data.io import iter_trajectories
+    from turnrl.greedy_study import DESIGNS, KNOWING_DOING, LABELS, collect_bandit, plan_bandit, run_study
+
+    cfg = {**KNOWING_DOING, "sft_episodes": 40, "bandit_env": {**KNOWING_DOING["bandit_env"], "horizon": 25}}
+    plan = plan_bandit(tmp_path, 3, cfg)
+    assert list(plan["evals"]) == ["untrained", "greedy-like SFT", "UCB SFT", "lose-shift SFT", "RLFT",
+                                   "RLFT + bonus"]
+    assert [(t[2][0].name, t[2][1].name, t[2][2]) for t in plan["ref_sft"]] == [
+        ("ucb.jsonl", "sft-ucb", 800), ("lose-shift.jsonl", "sft-lose-shift", 1500)]
+    assert all(t[2][0] == tmp_path / "sft-greedy" / "model" and t[2][3]["env_opts"]["context"] == 1
+               for t in plan["rl"])
+    collect_bandit(tmp_path, cfg)
+    low = moved = 0
+    for traj in iter_trajectories(tmp_path / "data" / "greedy.jsonl"):
+        last = None
+        for m in traj.messages:
+            if m.role == "assistant":
+                if m.content.startswith("Low."):
+                    low += 1
+                    assert m.action in (last, LABELS[(LABELS.index(last) + 1) % 10])
+                    moved += m.action != last
+                elif m.content.startswith("High."):
+                    assert m.action == last
+                last = m.action
+            elif last is not None:
+                assert m.content.count("Step=") == 1  # one history line
+    assert low > 60 and 0.15 < moved / low < 0.45  # follow 0.3
+    assert set(DESIGNS) == {"commit", "knowing-doing"}
+    with pytest.raises(TurnRLError, match="--design must be one of"):
+        run_study(tmp_path, design="greedy")
+
+
+def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:
+    """``moves_on_low``: of the replies whose rationale is ``Low.``, the share that leave the last arm
+    (a policy that never follows its rationale 0, one that always does 1)."""
+    import turnrl.greedy_study as g
+
+    env = {"arms": 10, "noise": "medium", "horizon": 12, "context": 1}
+    ids = [f"bandit-{100000 + i}" for i in range(6)]
+    got = {}
+    for follow in (0.0, 1.0):
+        monkeypatch.setattr(g, "_model_policy", lambda *a, f=follow, **k: g.CompactBanditPolicy(
+            f"lose-shift:threshold=0.3,follow={f}"))
+        r = g.bandit_eval("scripted", env, ids, 16, g.BANDIT_INSTRUCTION)
+        assert r["low_replies"] > 5 and r["invalid"] == 0
+        got[follow] = r["moves_on_low"]
+    assert got == {0.0: 0.0, 1.0: 1.0}
+
+
 def test_study_tictactoe_rlft_starts_from_minimax_sft_and_pairs_by_opponent_seed(tmp_path: Path) -> None:
     """Tic-tac-toe RLFT starts from the minimax SFT (trained first, as the claim's start); RLFT
     seed s and every one-model row meet opponent seed 1000 + s; the paired difference is per seed."""

@@ -346,6 +346,19 @@ def test_mixed_precision_loads_float32_master_weights(monkeypatch: pytest.Monkey
         TrainConfig(mixed_precision=True)  # type: ignore[arg-type]
 
 
+def test_override_values_parse_as_yaml_but_prose_stays_text() -> None:
+    """``key=value`` values are YAML scalars, lists and brace mappings; a value with ``: `` in it
+    (an instruction) stays the text it is instead of becoming a one-key mapping."""
+    from turnrl.config import parse_overrides
+    from turnrl.train.ppo import PPOConfig
+
+    got = parse_overrides(["lr=0.5", "a.b=[1, 2]", "env_opts={horizon: 5}", "flag=true",
+                           "instruction=You press buttons: red, blue. Answer: ACTION=X", "n="])
+    assert got == {"lr": 0.5, "a": {"b": [1, 2]}, "env_opts": {"horizon": 5}, "flag": True,
+                   "instruction": "You press buttons: red, blue. Answer: ACTION=X", "n": ""}
+    assert PPOConfig(**parse_overrides(["instruction=Rule: stay."])).instruction == "Rule: stay."
+
+
 def test_auto_dtype_is_float32_off_the_gpu(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``dtype='auto'`` means bf16 only for a model placed on a GPU: a model left on the
     CPU (for a trainer to place, or evaluated there) stays float32 even when a GPU exists."""

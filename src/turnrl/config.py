@@ -57,11 +57,14 @@ class Config(BaseModel):
 
 
 def parse_value(text: str) -> Any:
-    """Parse an override's value as YAML (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list)."""
+    """Parse an override's value as YAML (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list,
+    ``{a: 1}`` -> dict). Text that YAML would read as a block mapping (``Hint: be brief``) stays
+    text: a mapping on the command line is written in braces."""
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    return text if isinstance(value, dict) and not text.lstrip().startswith("{") else value
 
 
 def _split_override(item: str) -> tuple[str, str]:

@@ -4,12 +4,18 @@ Rows, on a 10-arm Gaussian bandit (medium noise, sigma 1; horizon 50, regret and
 at step 50) and on tic-tac-toe:
 
 * **untrained** tiny model;
-* **greedy-like SFT**: SFT on a scripted ``epsilon-greedy`` policy's episodes (``greedy_policy``,
-  eps 0.3) with one-word rationales. The paper starts RLFT from pretrained LLMs that are
-  greedy; this is the stand-in: with greedy decoding it commits to its first arm (coverage
-  0.1), while sampling at temperature 1 still explores, so RLFT has something to reinforce.
-  On tic-tac-toe the random-move SFT (an aimless player) is a reference row;
-* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; on
+* **greedy-like SFT**: SFT on a scripted policy's episodes (``greedy_policy``) with one-word
+  rationales. The paper starts RLFT from pretrained LLMs that are greedy; this is the stand-in:
+  with greedy decoding it commits to its first arm (coverage 0.1), while sampling at
+  temperature 1 still explores, so RLFT has something to reinforce. Two designs
+  (:data:`DESIGNS`, ``--design``): ``commit`` (:data:`FULL`, measured 23-24 Nov) SFTs on
+  epsilon-greedy (eps 0.3) with 3 history lines at lr 3e-3; ``knowing-doing``
+  (:data:`KNOWING_DOING`) SFTs on a lose-shift policy that acts on its own ``Low.`` rationale
+  only 30% of the time, with one history line at lr 1e-3, so the start knows when to move on
+  and does not (the knowing-doing gap of seed 004). On tic-tac-toe the random-move SFT (an
+  aimless player) is a reference row;
+* **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; the
+  knowing-doing design adds the lose-shift SFT that always acts on its rationale; on
   tic-tac-toe the minimax SFT, 3 epochs on 100 games, has the answer format but still writes
   many invalid moves, and is RLFT's start);
 * **RLFT**: PPO (:mod:`turnrl.train.ppo`) from the greedy-like SFT, ``seeds`` seeds (on
@@ -74,6 +80,26 @@ FULL: dict[str, Any] = {
                 "invalid_penalty": -1.0},
     "ttt_games": 100,
 }
+#: the second bandit design (26 Nov 2026): a start with a knowing-doing gap. Its SFT data is the
+#: scripted ``lose-shift`` policy that shifts after only 30% of its low rewards (``follow`` 0.3)
+#: while its rationale always says ``Low.``; the prompt shows one history line (``context`` 1), the
+#: one thing the tiny model was shown to read (docs/rlft.md), and SFT runs at lr 1e-3, at which it
+#: learns to copy a label (lr 3e-3 does not). Greedy decoding of that start stays on its first arm;
+#: RLFT has to make "move on after Low." the most likely reply. References: UCB SFT (what the issue
+#: names; with one history line the model cannot see what UCB uses) and the lose-shift SFT that
+#: follows its rationale every time (``follow`` 1).
+KNOWING_DOING: dict[str, Any] = {
+    **FULL,
+    "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 50, "context": 1},
+    "greedy_policy": "lose-shift:threshold=-0.5,follow=0.3", "ppo_horizon": 20,
+    "sft_episodes": 200, "sft_steps": 800, "sft_lr": 1e-3, "sft_batch": 16,
+    "ref_policies": [("UCB SFT", "ucb", "ucb", 800), ("lose-shift SFT", "lose-shift:threshold=-0.5", "lose-shift", 1500)],
+    "ppo": {"iterations": 16, "episodes_per_iter": 16, "num_envs": 16, "turns_per_episode": 0, "ppo_epochs": 2,
+            "minibatches": 2, "batch_size": 4, "lr": 1e-3, "max_new_tokens": 16, "gamma": 0.95, "beta_kl": 0.02,
+            "warmup_ratio": 0.1},
+}
+#: ``turnrl study greedy --design``: the bandit design (tic-tac-toe is the same in both)
+DESIGNS = {"commit": FULL, "knowing-doing": KNOWING_DOING}
 FAST: dict[str, Any] = {
     "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 6, "context": 3},
     "greedy_policy": "epsilon-greedy:eps=0.3", "ppo_horizon": 4,
@@ -227,15 +253,20 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     n, h, k = inst.mu.shape
     arms = np.full((n, h), -1, dtype=np.int64)
     rewards = np.zeros((n, h))
+    low = moved = 0  # replies whose rationale is ``Low.``, and those of them that left the last arm
     for row, traj in enumerate(trajs):  # replay to recover the arms (as diagnostics.model_run)
         env.reset(options={"task_id": traj.task_id})
-        t = 0
+        t, last = 0, None
         for msg in traj.messages:
             if msg.role != "assistant" or msg.action is None or t >= h:
                 continue
             _, reward, _, _, info = env.step(msg.action)
             arms[row, t] = -1 if info["arm"] is None else int(info["arm"])
             rewards[row, t] = reward
+            if msg.content.startswith("Low.") and last is not None:
+                low += 1
+                moved += info["arm"] is not None and int(info["arm"]) != last
+            last = last if info["arm"] is None else int(info["arm"])
             t += 1
     pr = PolicyRun(str(model), "model", Run(inst, arms, rewards, np.full((n, h, k), np.nan)), 1)
     reg = regret_summary(pr)
@@ -244,8 +275,9 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     per_regret = pr.per_instance(np.cumsum(inst.mu.max(axis=-1) - np.take_along_axis(
         inst.mu, np.maximum(arms, 0)[..., None], axis=-1)[..., 0], axis=1))[:, -1]
     per_cov = (np.array([len(set(r[r >= 0].tolist())) for r in arms]) / k)
-    return {"regret": reg, "coverage": cov, "actions_pct": kd["actions_pct"],
-            "invalid": invalid_rate(trajs), "final_regret": per_regret.tolist(), "final_coverage": per_cov.tolist()}
+    return {"regret": reg, "coverage": cov, "actions_pct": kd["actions_pct"], "invalid": invalid_rate(trajs),
+            "final_regret": per_regret.tolist(), "final_coverage": per_cov.tolist(),
+            "low_replies": low, "moves_on_low": moved / low if low else None}
 
 
 def ttt_eval(model: str | Path, opponent: str, games: int, max_new_tokens: int, instruction: str,
@@ -347,6 +379,11 @@ class _Pool:
             self.ex.shutdown()
 
 
+def ref_policies(cfg: dict[str, Any]) -> list[tuple[str, str, str, int]]:
+    """The reference SFT rows: (row label, scripted policy, file key, SFT steps); UCB by default."""
+    return [tuple(r) for r in cfg.get("ref_policies", [("UCB SFT", "ucb", "ucb", cfg["sft_steps"])])]
+
+
 def plan_bandit(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
     from turnrl import envs
 
@@ -354,14 +391,15 @@ def plan_bandit(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
     env: Any = envs.make("bandit", **env_opts)
     ids = env.task_ids("seen")
     n = cfg["instances"]
+    refs = ref_policies(cfg)
     models = {"untrained": ["tiny"] * seeds, "greedy-like SFT": [str(out / "sft-greedy" / "model")] * seeds,
-              "UCB SFT": [str(out / "sft-ucb" / "model")] * seeds,
+              **{label: [str(out / f"sft-{key}" / "model")] * seeds for label, _, key, _ in refs},
               "RLFT": [str(out / f"rlft-s{s}" / "model") for s in range(seeds)],
               "RLFT + bonus": [str(out / f"rlft-bonus-s{s}" / "model") for s in range(seeds)]}
     sft = [("bandit SFT greedy", _sft, (out / "data" / "greedy.jsonl", out / "sft-greedy", cfg["sft_steps"],
-                                        cfg["sft_lr"], cfg["sft_batch"])),
-           ("bandit SFT UCB", _sft, (out / "data" / "ucb.jsonl", out / "sft-ucb", cfg["sft_steps"], cfg["sft_lr"],
-                                     cfg["sft_batch"]))]
+                                        cfg["sft_lr"], cfg["sft_batch"]))]
+    sft += [(f"bandit {label}", _sft, (out / "data" / f"{key}.jsonl", out / f"sft-{key}", steps, cfg["sft_lr"],
+                                       cfg["sft_batch"])) for label, _, key, steps in refs]
     rl = []
     for s in range(seeds):
         for label, bonus, tag in (("RLFT", 0.0, "rlft"), ("RLFT + bonus", 1.0, "rlft-bonus")):
@@ -385,10 +423,11 @@ def collect_bandit(out: Path, cfg: dict[str, Any]) -> None:
     _collect(CompactBanditPolicy(cfg["greedy_policy"]), "bandit", env_opts, BANDIT_INSTRUCTION,
              out / "data" / "greedy.jsonl",
              cfg["sft_episodes"])
-    _collect(CompactBanditPolicy("ucb"), "bandit", env_opts, BANDIT_INSTRUCTION, out / "data" / "ucb.jsonl",
-             cfg["sft_episodes"])
-    for name in ("greedy.jsonl", "ucb.jsonl"):
-        check_budget(out / "data" / name, cfg["ppo"]["max_new_tokens"])
+    for _, spec, key, _ in ref_policies(cfg):
+        _collect(CompactBanditPolicy(spec), "bandit", env_opts, BANDIT_INSTRUCTION, out / "data" / f"{key}.jsonl",
+                 cfg["sft_episodes"])
+    for key in ["greedy", *(r[2] for r in ref_policies(cfg))]:
+        check_budget(out / "data" / f"{key}.jsonl", cfg["ppo"]["max_new_tokens"])
 
 
 def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) -> dict[str, Any]:
@@ -413,6 +452,9 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
             "coverage_pooled": _ci(pooled_c), "regret_per_seed": regrets, "coverage_per_seed": covs,
             "actions_pct": acts, "invalid": round(float(np.mean([p["invalid"] for p in per_seed])), 4),
         }
+        follows = [p["moves_on_low"] for p in per_seed if p.get("moves_on_low") is not None]
+        if follows:  # the knowing-doing gap of a lose-shift rationale: how often ``Low.`` is acted on
+            result["rows"][label]["moves_on_low"] = round(float(np.mean(follows)), 4)
         per_instance[label] = [p["final_regret"] for p in per_seed]
         curves.append({"policy": label, "regret": _mean_curve([p["regret"] for p in per_seed]),
                        "coverage": _mean_curve([p["coverage"] for p in per_seed])})
@@ -508,20 +550,23 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
 
 def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str | Path | None = None,
               parts: Sequence[str] = ("bandit", "tictactoe"), jobs: int = 1, report_only: bool = False,
-              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+              design: str = "commit", log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the study; write ``results.json``, tables and PNGs to ``out``.
 
     Stages (data, SFT, RLFT, evaluations) skip their finished outputs; ``jobs`` > 1 runs
     independent stages in that many worker processes (one thread each). The stages of the
     issue's claims (the starting SFT, RLFT, their evaluations) run first, the reference rows
     (untrained, UCB / minimax SFT) after them. ``report_only`` runs nothing and reports the
-    rows whose evaluations exist (the others are listed under ``not_run``)."""
+    rows whose evaluations exist (the others are listed under ``not_run``). ``design`` picks the
+    bandit configuration (:data:`DESIGNS`; ``fast`` overrides it)."""
+    if design not in DESIGNS:
+        raise TurnRLError(f"--design must be one of {', '.join(DESIGNS)} (got {design!r})")
     if seeds < 1:
         raise TurnRLError(f"--seeds must be >= 1 (got {seeds})")
     if jobs < 1:
         raise TurnRLError(f"--jobs must be >= 1 (got {jobs})")
     say = log or (lambda s: None)
-    cfg = FULL if not fast else FAST
+    cfg = DESIGNS[design] if not fast else FAST
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -548,7 +593,8 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
             pool.run([t for p in plans.values() for lab, ts in p["evals"].items() if lab not in p["main"] for t in ts])
     finally:
         pool.close()
-    result: dict[str, Any] = {"schema": "turnrl.greedy_study/v1", "config": cfg, "fast": fast, "seeds": seeds}
+    result: dict[str, Any] = {"schema": "turnrl.greedy_study/v1", "config": cfg, "fast": fast, "seeds": seeds,
+                              "design": "fast" if fast else design}
     if "bandit" in plans:
         result["bandit"] = aggregate_bandit(out, seeds, cfg, plans["bandit"]["evals"])
     if "tictactoe" in plans:
@@ -585,6 +631,10 @@ def report(result: dict[str, Any], where: Path) -> None:
                          f"[{rp['ci95'][0]:.2f}, {rp['ci95'][1]:.2f}] | {a['optimal']}/{a['greedy']}/{a['other']} | "
                          f"{r['invalid']:.2f} |")
         lines.append("")
+        acted = {label: r["moves_on_low"] for label, r in b["rows"].items() if "moves_on_low" in r}
+        if acted:
+            lines += ["Replies whose rationale is `Low.` that move off the last arm (greedy decoding): "
+                      + ", ".join(f"{label} {v:.0%}" for label, v in acted.items()), ""]
         for label, d in b.get("paired", {}).items():
             ds, dp = d["diff_seeds"], d["diff_pooled"]
             lines.append(f"* {label} minus greedy-like SFT, regret@{h} on the same instances: {ds['mean']:.2f} "
@@ -633,5 +683,5 @@ def _ttt_plot(t: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BANDIT_INSTRUCTION", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
+__all__ = ["BANDIT_INSTRUCTION", "DESIGNS", "KNOWING_DOING", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
            "compact_thought", "report", "run_study", "ttt_eval"]

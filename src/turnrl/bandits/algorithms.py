@@ -39,6 +39,10 @@ Definitions (t = pulls so far, n_a = pulls of arm a, m_a = their mean reward):
   order (cyclic); the first pull is uniformly random. It needs only the last pull, so a model shown
   one history line (``context=1``) can play it. On 10 Gaussian arms with means U(0, 1) and sigma 1
   it has regret@50 of about 15, against 20 for committing to one arm (docs/rlft.md).
+  ``follow`` (default 1) is the probability that a low reward does make it shift: below 1/2 the
+  most likely action always repeats the last arm, so a model SFT'd on it and decoded greedily
+  commits to its first arm although its rationale (``Low.``) says to move on -- the
+  knowing-doing gap of seed 004, the greedy-like start of the greedy-agents study.
 
 Every algorithm takes ``c`` (the constant of the UCB values it reports). Specs are written
 ``name`` or ``name:key=value,key=value`` (``ucb:c=2``, ``epsilon-greedy:eps=0.2``).
@@ -300,7 +304,7 @@ class LinUCB(Algorithm):
 
 class LoseShift(Algorithm):
     name = "lose-shift"
-    defaults = {"threshold": -0.5}
+    defaults = {"threshold": -0.5, "follow": 1.0}
 
     def init(self, n: int, setting: Setting) -> State:
         state = super().init(n, setting)
@@ -318,18 +322,41 @@ class LoseShift(Algorithm):
         """Which instances move on now: a last pull whose reward was below the threshold, [N]."""
         return np.asarray((state.extra["last_arm"] >= 0) & (state.extra["last_reward"] < float(self.params["threshold"])))
 
-    def scores(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
-        """1 on the arm it pulls next, 0 elsewhere (all 0 before the first pull: a uniform tie)."""
+    def probs(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
+        """After a low reward ``follow`` on the next arm and ``1 - follow`` on the last, else 1 on
+        the last arm; uniform before the first pull."""
         last, k = state.extra["last_arm"], state.setting.arms
-        nxt = np.where(self.shifts(state), (last + 1) % k, last)
-        out = np.zeros((state.n, k))
-        tried = last >= 0
-        out[np.flatnonzero(tried), nxt[tried]] = 1.0
+        tried = np.flatnonzero(last >= 0)
+        follow = np.where(self.shifts(state), float(self.params["follow"]), 0.0)[tried]
+        out = np.full((state.n, k), 1.0 / k)
+        out[tried] = 0.0
+        np.add.at(out, (tried, last[tried]), 1.0 - follow)
+        np.add.at(out, (tried, (last[tried] + 1) % k), follow)
         return out
 
+    def scores(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
+        """The most likely next arm gets 1, others 0 (all 0 before the first pull: a uniform tie);
+        with ``follow`` 1/2 the last and the next arm tie."""
+        p = self.probs(state, ctx)
+        return np.asarray(p >= p.max(axis=-1, keepdims=True) - 1e-12, dtype=float)
+
     def choose(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """A shift counts as exploring (the rationale says why it moved on)."""
-        return self.select(state, ctx, rng), self.shifts(state)
+        """Sampled from :meth:`probs`; a shift counts as exploring (the rationale says why it moved on).
+        With ``follow`` 1 it draws exactly what it drew before ``follow`` existed."""
+        last, k = state.extra["last_arm"], state.setting.arms
+        shift = self.shifts(state)
+        plan = np.where(shift, (last + 1) % k, last)
+        onehot = np.zeros((state.n, k))
+        tried = np.flatnonzero(last >= 0)
+        onehot[tried, plan[tried]] = 1.0
+        arms = random_argmax(onehot, rng)  # uniform before the first pull
+        if float(self.params["follow"]) < 1.0:
+            shift = shift & (rng.random(state.n) < float(self.params["follow"]))
+            arms = np.where(shift | (last < 0), arms, last)
+        return arms, shift
+
+    def select(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+        return self.choose(state, ctx, rng)[0]
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
@@ -353,8 +380,9 @@ def _check(name: str, params: dict[str, float]) -> None:
             raise _param_error(name, key, val, "must be a finite number")
     if params.get("c", 0.0) < 0:
         raise _param_error(name, "c", params["c"], "must be >= 0")
-    if not 0.0 <= params.get("eps", 0.0) <= 1.0:
-        raise _param_error(name, "eps", params["eps"], "must be in [0, 1]")
+    for key in ("eps", "follow"):
+        if not 0.0 <= params.get(key, 0.0) <= 1.0:
+            raise _param_error(name, key, params[key], "must be in [0, 1]")
     for key in ("prior_std", "lam"):
         if key in params and params[key] <= 0:
             raise _param_error(name, key, params[key], "must be > 0")

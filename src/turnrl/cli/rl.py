@@ -56,6 +56,7 @@ def study_greedy_cmd(
     part: Annotated[list[str] | None, typer.Option(help="bandit and/or tictactoe (default both).")] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes for independent stages (one thread each).")] = 1,
     report_only: Annotated[bool, typer.Option(help="Run nothing; report the rows whose evaluations exist.")] = False,
+    design: Annotated[str, typer.Option(help="Bandit design: commit (23-24 Nov) or knowing-doing (docs/rlft.md).")] = "commit",
 ) -> None:
     """The greedy-agents study: untrained, greedy-like SFT, UCB/minimax SFT, RLFT, RLFT + bonus."""
     from turnrl.errors import TurnRLError
@@ -66,7 +67,7 @@ def study_greedy_cmd(
         if p not in ("bandit", "tictactoe"):
             raise TurnRLError(f"--part must be bandit or tictactoe (got {p!r})")
     run_study(out, seeds=seeds, fast=fast, docs=docs, parts=parts, jobs=jobs, report_only=report_only,
-              log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+              design=design, log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
     console.print((out / "rlft-tables.md").read_text())
 
 
