@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from turnrl.bandits.algorithms import (
     Thompson,
     argmax_sets,
     make_algorithm,
+    random_argmax,
     ucb_values,
 )
 from turnrl.bandits.policies import ScriptedBanditPolicy
@@ -115,10 +117,10 @@ def test_lose_shift_follow_by_hand() -> None:
     algo.update(state, np.array([1, 3] * 2000), np.array([-1.0, 1.0] * 2000))  # even rows low, odd rows high
     assert np.allclose(algo.probs(state)[:2], [[0, 0.7, 0.3, 0], [0, 0, 0, 1]])
     assert algo.scores(state)[0].tolist() == [0, 1, 0, 0]
-    arms, shifted = algo.choose(state, None, np.random.default_rng(0))
-    assert set(arms[1::2].tolist()) == {3} and not shifted[1::2].any()  # high: always stays
-    assert shifted[::2].tolist() == (arms[::2] == 2).tolist() and set(arms[::2].tolist()) == {1, 2}
-    assert abs(shifted[::2].mean() - 0.3) < 0.04
+    arms, low = algo.choose(state, None, np.random.default_rng(0))
+    assert set(arms[1::2].tolist()) == {3} and not low[1::2].any()  # high: always stays
+    assert low[::2].all() and set(arms[::2].tolist()) == {1, 2}  # low (what the rationale says): moves or stays
+    assert abs((arms[::2] == 2).mean() - 0.3) < 0.04
     half = make_algorithm("lose-shift:threshold=0,follow=0.5")
     s2 = half.init(1, Setting(arms=4))
     half.update(s2, np.array([0]), np.array([-1.0]))
@@ -128,13 +130,61 @@ def test_lose_shift_follow_by_hand() -> None:
 
 
 def test_lose_shift_follow_one_draws_as_before() -> None:
-    """With ``follow`` 1 (the default) the draws are those of the plain rule, the seed included."""
-    plain, explicit = make_algorithm("lose-shift"), make_algorithm("lose-shift:follow=1")
+    """With ``follow`` 1 (the default) the draws are those of the rule as it was written before
+    ``follow`` existed (a one-hot score on the planned arm, ties broken by ``random_argmax``), the
+    seed included, so documented lose-shift numbers and datasets reproduce."""
+
+    class PlainRule(LoseShift):
+        def scores(self, state: Any, ctx: Any = None) -> np.ndarray:
+            last, k = state.extra["last_arm"], state.setting.arms
+            nxt = np.where(self.shifts(state), (last + 1) % k, last)
+            out = np.zeros((state.n, k))
+            tried = last >= 0
+            out[np.flatnonzero(tried), nxt[tried]] = 1.0
+            return out
+
+        def choose(self, state: Any, ctx: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+            return random_argmax(self.scores(state), rng), self.shifts(state)
+
+        def select(self, state: Any, ctx: Any, rng: np.random.Generator) -> np.ndarray:
+            return self.choose(state, ctx, rng)[0]
+
     env = envs.make("bandit", arms=10, noise="medium", horizon=20)
     inst = env.instances(env.task_ids("seen")[:30])
-    a, b = simulate(plain, inst, seed=3), simulate(explicit, inst, seed=3)
-    assert np.array_equal(cumulative_regret(a), cumulative_regret(b))
-    assert explicit.spec == "lose-shift"
+    want = simulate(PlainRule(), inst, seed=3)
+    for spec in ("lose-shift", "lose-shift:follow=1"):
+        assert np.array_equal(simulate(make_algorithm(spec), inst, seed=3).arms, want.arms), spec
+    assert not np.array_equal(simulate(make_algorithm("lose-shift:follow=0.5"), inst, seed=3).arms, want.arms)
+    assert make_algorithm("lose-shift:follow=1").spec == "lose-shift"
+
+
+def test_lose_shift_rationale_says_when_it_does_not_act_on_a_low_reward() -> None:
+    """The full-format rationale of ``follow`` < 1: a low reward it does not act on reads
+    "low, but I stay", never "not low"."""
+    from turnrl.bandits.scripted import ScriptedAgent
+
+    agent = ScriptedAgent(make_algorithm("lose-shift:threshold=0.5,follow=0.5"))
+    env: Any = envs.make("bandit", arms=4, horizon=40)
+    env.reset(options={"task_id": "bandit-3"})
+    seen: set[str] = set()
+    rng = np.random.default_rng(0)
+    for _ in range(39):
+        last = env.history[-1] if env.history else None
+        d = agent.decide(env, rng)
+        if last is None:
+            case = "Nothing is tried yet"
+        elif last[1] >= 0.5:
+            case = "not low, so I stay with"
+            assert d.arm == last[0]
+        elif d.arm == last[0]:
+            case = "was low, but I stay with"
+        else:
+            case = "was low, so I move on to"
+            assert d.arm == (last[0] + 1) % 4
+        assert case in d.thought, (case, d.thought)
+        seen.add(case)
+        env.step(d.label)
+    assert len(seen) == 4, seen
 
 
 def test_lose_shift_beats_committing_on_ten_noisy_arms() -> None:

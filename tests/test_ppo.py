@@ -290,6 +290,24 @@ def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
     assert set(DESIGNS) == {"commit", "knowing-doing"}
     with pytest.raises(TurnRLError, match="--design must be one of"):
         run_study(tmp_path, design="greedy")
+    # the first design keeps its file names and step counts (its documented runs resume and reproduce)
+    first = plan_bandit(tmp_path / "commit", 3, DESIGNS["commit"])
+    assert [(t[2][0].name, t[2][1].name, t[2][2]) for t in first["ref_sft"]] == [("ucb.jsonl", "sft-ucb", 60)]
+    assert list(first["evals"]) == ["untrained", "greedy-like SFT", "UCB SFT", "RLFT", "RLFT + bonus"]
+
+
+def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path) -> None:
+    """A study folder remembers its design and settings: another design, or changed settings,
+    is a one-line error naming the file and the changed keys, not a silent mix of stale stages."""
+    from turnrl.greedy_study import FULL, KNOWING_DOING, check_settings
+
+    check_settings(tmp_path, "knowing-doing", KNOWING_DOING)
+    check_settings(tmp_path, "knowing-doing", dict(KNOWING_DOING))  # the same again: fine
+    with pytest.raises(TurnRLError, match=r"study.json: this folder holds the 'knowing-doing' study; --design commit"):
+        check_settings(tmp_path, "commit", FULL)
+    changed = {**KNOWING_DOING, "ppo": {**KNOWING_DOING["ppo"], "lr": 1e-3}, "sft_steps": 5}
+    with pytest.raises(TurnRLError, match=r"ran with other settings \(ppo, sft_steps\)"):
+        check_settings(tmp_path, "knowing-doing", changed)
 
 
 def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:
@@ -307,6 +325,18 @@ def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:
         assert r["low_replies"] > 5 and r["invalid"] == 0
         got[follow] = r["moves_on_low"]
     assert got == {0.0: 0.0, 1.0: 1.0}
+
+    class Unreadable:  # says Low. but names no button: the env's random fallback is not counted
+        name = "unreadable"
+
+        def act(self, requests: list[Any]) -> list[Any]:
+            from turnrl.rollout.policies import Reply
+
+            return [Reply("Low.\nACTION=nothing") for _ in requests]
+
+    monkeypatch.setattr(g, "_model_policy", lambda *a, **k: Unreadable())
+    r = g.bandit_eval("unreadable", env, ids, 16, g.BANDIT_INSTRUCTION)
+    assert r["invalid"] == 1.0 and r["low_replies"] == 0 and r["moves_on_low"] is None
 
 
 def test_study_tictactoe_rlft_starts_from_minimax_sft_and_pairs_by_opponent_seed(tmp_path: Path) -> None:

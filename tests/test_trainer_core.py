@@ -357,6 +357,9 @@ def test_override_values_parse_as_yaml_but_prose_stays_text() -> None:
     assert got == {"lr": 0.5, "a": {"b": [1, 2]}, "env_opts": {"horizon": 5}, "flag": True,
                    "instruction": "You press buttons: red, blue. Answer: ACTION=X", "n": ""}
     assert PPOConfig(**parse_overrides(["instruction=Rule: stay."])).instruction == "Rule: stay."
+    prose = ["x=Pick arm #1 first", "x=- be brief", "x=a #", "x='quoted: yes'", "x=[a, b]", "x=#1"]
+    assert [parse_overrides([p])["x"] for p in prose] == [
+        "Pick arm #1 first", "- be brief", "a #", "quoted: yes", ["a", "b"], "#1"]
 
 
 def test_auto_dtype_is_float32_off_the_gpu(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

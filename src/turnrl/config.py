@@ -9,6 +9,7 @@ one-line :class:`~turnrl.errors.TurnRLError` that names it and the closest valid
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -58,13 +59,21 @@ class Config(BaseModel):
 
 def parse_value(text: str) -> Any:
     """Parse an override's value as YAML (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list,
-    ``{a: 1}`` -> dict). Text that YAML would read as a block mapping (``Hint: be brief``) stays
-    text: a mapping on the command line is written in braces."""
+    ``{a: 1}`` -> dict, ``'a: b'`` -> str). Prose that YAML would read otherwise stays the text it
+    is: a block mapping (``Hint: be brief``), a block list (``- be brief``), a comment
+    (``pick #1``); on the command line a mapping is written in braces and a list in brackets."""
+    if text == "":
+        return ""
     try:
-        value = yaml.safe_load(text) if text != "" else ""
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    return text if isinstance(value, dict) and not text.lstrip().startswith("{") else value
+    head = text.strip()[:1]
+    if isinstance(value, dict) and head != "{" or isinstance(value, list) and head != "[":
+        return text
+    if head not in ("'", '"') and re.search(r"(^|\s)#", text):
+        return text  # YAML would drop the rest as a comment
+    return value
 
 
 def _split_override(item: str) -> tuple[str, str]:

@@ -264,10 +264,12 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
             _, reward, _, _, info = env.step(msg.action)
             arms[row, t] = -1 if info["arm"] is None else int(info["arm"])
             rewards[row, t] = reward
-            if msg.content.startswith("Low.") and last is not None:
-                low += 1
-                moved += info["arm"] is not None and int(info["arm"]) != last
-            last = last if info["arm"] is None else int(info["arm"])
+            if info["arm"] is not None:
+                # an invalid reply's executed random fallback is not the model's choice: not counted
+                if msg.valid is not False and msg.content.lstrip().startswith("Low.") and last is not None:
+                    low += 1
+                    moved += int(info["arm"]) != last
+                last = int(info["arm"])  # the last pull the prompt shows
             t += 1
     pr = PolicyRun(str(model), "model", Run(inst, arms, rewards, np.full((n, h, k), np.nan)), 1)
     reg = regret_summary(pr)
@@ -453,9 +455,10 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
             "coverage_pooled": _ci(pooled_c), "regret_per_seed": regrets, "coverage_per_seed": covs,
             "actions_pct": acts, "invalid": round(float(np.mean([p["invalid"] for p in per_seed])), 4),
         }
-        follows = [p["moves_on_low"] for p in per_seed if p.get("moves_on_low") is not None]
-        if follows:  # the knowing-doing gap of a lose-shift rationale: how often ``Low.`` is acted on
-            result["rows"][label]["moves_on_low"] = round(float(np.mean(follows)), 4)
+        low = sum(p.get("low_replies", 0) for p in per_seed)
+        if low:  # the knowing-doing gap of a lose-shift rationale: how often ``Low.`` is acted on (pooled)
+            moved = sum(p["moves_on_low"] * p["low_replies"] for p in per_seed if p.get("low_replies"))
+            result["rows"][label].update(low_replies=low, moves_on_low=round(float(moved / low), 4))
         per_instance[label] = [p["final_regret"] for p in per_seed]
         curves.append({"policy": label, "regret": _mean_curve([p["regret"] for p in per_seed]),
                        "coverage": _mean_curve([p["coverage"] for p in per_seed])})
@@ -549,6 +552,26 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
     return result
 
 
+def check_settings(out: Path, design: str, cfg: dict[str, Any]) -> None:
+    """Stages skip outputs that exist, so a folder must hold one study: the first run writes its
+    design and settings to ``study.json``; a later run with others is a one-line error."""
+    from turnrl.train.core import atomic_write_json
+
+    mark = out / "study.json"
+    now = {"design": design, "config": json.loads(json.dumps(cfg))}
+    if not mark.exists():
+        atomic_write_json(mark, now)
+        return
+    was = json.loads(mark.read_text())
+    if was.get("design") != design:
+        raise TurnRLError(f"{mark}: this folder holds the {was.get('design')!r} study; --design {design} needs "
+                          "another --out")
+    changed = sorted(k for k in {**was["config"], **now["config"]} if was["config"].get(k) != now["config"].get(k))
+    if changed:
+        raise TurnRLError(f"{mark}: this folder's study ran with other settings ({', '.join(changed)}); "
+                          "use another --out")
+
+
 def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str | Path | None = None,
               parts: Sequence[str] = ("bandit", "tictactoe"), jobs: int = 1, report_only: bool = False,
               design: str = "commit", log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -570,6 +593,7 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     cfg = DESIGNS[design] if not fast else FAST
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, "fast" if fast else design, cfg)
     t0 = time.time()
     plans: dict[str, dict[str, Any]] = {}
     if "bandit" in parts:
@@ -634,8 +658,9 @@ def report(result: dict[str, Any], where: Path) -> None:
         lines.append("")
         acted = {label: r["moves_on_low"] for label, r in b["rows"].items() if "moves_on_low" in r}
         if acted:
-            lines += ["Replies whose rationale is `Low.` that move off the last arm (greedy decoding): "
-                      + ", ".join(f"{label} {v:.0%}" for label, v in acted.items()), ""]
+            lines += ["Replies whose rationale is `Low.` that move off the last arm (greedy decoding, pooled over "
+                      "seeds): " + ", ".join(f"{label} {v:.0%} of {b['rows'][label]['low_replies']}"
+                                              for label, v in acted.items()), ""]
         for label, d in b.get("paired", {}).items():
             ds, dp = d["diff_seeds"], d["diff_pooled"]
             lines.append(f"* {label} minus greedy-like SFT, regret@{h} on the same instances: {ds['mean']:.2f} "

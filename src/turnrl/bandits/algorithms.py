@@ -335,14 +335,15 @@ class LoseShift(Algorithm):
         return out
 
     def scores(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
-        """The most likely next arm gets 1, others 0 (all 0 before the first pull: a uniform tie);
-        with ``follow`` 1/2 the last and the next arm tie."""
+        """1 on the most likely next arm(s), else 0 (all 1 before the first pull: a uniform tie; with
+        ``follow`` 1/2 the last and the next arm tie)."""
         p = self.probs(state, ctx)
         return np.asarray(p >= p.max(axis=-1, keepdims=True) - 1e-12, dtype=float)
 
     def choose(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Sampled from :meth:`probs`; a shift counts as exploring (the rationale says why it moved on).
-        With ``follow`` 1 it draws exactly what it drew before ``follow`` existed."""
+        """Sampled from :meth:`probs`. The second array (what a rationale explains) is whether the last
+        reward was low, also when ``follow`` < 1 keeps the arm; with ``follow`` 1 that is exactly the
+        shifts, and the draws are exactly those from before ``follow`` existed."""
         last, k = state.extra["last_arm"], state.setting.arms
         shift = self.shifts(state)
         plan = np.where(shift, (last + 1) % k, last)
@@ -351,8 +352,8 @@ class LoseShift(Algorithm):
         onehot[tried, plan[tried]] = 1.0
         arms = random_argmax(onehot, rng)  # uniform before the first pull
         if float(self.params["follow"]) < 1.0:
-            shift = shift & (rng.random(state.n) < float(self.params["follow"]))
-            arms = np.where(shift | (last < 0), arms, last)
+            moves = shift & (rng.random(state.n) < float(self.params["follow"]))
+            arms = np.where(moves | (last < 0), arms, last)
         return arms, shift
 
     def select(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:

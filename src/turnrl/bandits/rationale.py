@@ -59,6 +59,7 @@ def thought(
     means: Sequence[float] | None = None,
     explored: bool = False,
     values_name: str = "UCB",
+    last_arm: int | None = None,
 ) -> str:
     """One line: the value block, then the reason for picking ``labels[arm]``."""
     block = format_values(labels, ucb, values_name)
@@ -83,8 +84,12 @@ def thought(
         if counts is not None and not any(counts):
             why = f"Nothing is tried yet, so I pick {lab}."
         else:
-            why = f"The last reward was low, so I move on to {lab}." if explored else \
-                f"The last reward was not low, so I stay with {lab}."
+            if not explored:  # for lose-shift, ``explored`` says the last reward was low
+                why = f"The last reward was not low, so I stay with {lab}."
+            elif arm == last_arm:  # ``follow`` < 1: a low reward it does not act on
+                why = f"The last reward was low, but I stay with {lab}."
+            else:
+                why = f"The last reward was low, so I move on to {lab}."
     else:
         why = f"I pick {lab} at random."
     return f"{block}. {why}"

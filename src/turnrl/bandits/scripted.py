@@ -75,8 +75,10 @@ class ScriptedAgent:
         arms, explore = self.algo.choose(state, ctx, rng)
         arm, explored = int(arms[0]), bool(explore[0])
         labels = env.labels_now()
+        last = next((a for a, _ in reversed(env.history) if a is not None), None)
         text = thought(self.algo.name, labels, ucb.tolist(), arm, counts=state.counts[0].tolist(),
-                       means=state.means()[0].tolist(), explored=explored, values_name=env.values_name)
+                       means=state.means()[0].tolist(), explored=explored, values_name=env.values_name,
+                       last_arm=last)
         return Decision(arm, labels[arm], text, tuple(float(v) for v in ucb), explored)
 
 
