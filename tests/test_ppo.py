@@ -296,18 +296,21 @@ def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
     assert list(first["evals"]) == ["untrained", "greedy-like SFT", "UCB SFT", "RLFT", "RLFT + bonus"]
 
 
-def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path) -> None:
-    """A study folder remembers its design and settings: another design, or changed settings,
-    is a one-line error naming the file and the changed keys, not a silent mix of stale stages."""
-    from turnrl.greedy_study import FULL, KNOWING_DOING, check_settings
+def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path, monkeypatch) -> None:
+    """A study folder remembers its design and settings (the pipelines' ``settings.json``): another
+    design, or changed settings, is a one-line error naming the folder and the changed keys, not a
+    silent mix of stale stages."""
+    import turnrl.greedy_study as g
 
-    check_settings(tmp_path, "knowing-doing", KNOWING_DOING)
-    check_settings(tmp_path, "knowing-doing", dict(KNOWING_DOING))  # the same again: fine
-    with pytest.raises(TurnRLError, match=r"study.json: this folder holds the 'knowing-doing' study; --design commit"):
-        check_settings(tmp_path, "commit", FULL)
-    changed = {**KNOWING_DOING, "ppo": {**KNOWING_DOING["ppo"], "lr": 1e-3}, "sft_steps": 5}
-    with pytest.raises(TurnRLError, match=r"ran with other settings \(ppo, sft_steps\)"):
-        check_settings(tmp_path, "knowing-doing", changed)
+    g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)
+    g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)  # the same again: fine
+    with pytest.raises(TurnRLError, match=r"made with other settings \(design: \"fast\", now \"knowing-doing\""):
+        g.run_study(tmp_path, parts=("bandit",), report_only=True, design="knowing-doing")
+    monkeypatch.setattr(g, "FAST", {**g.FAST, "ppo": {**g.FAST["ppo"], "lr": 1e-3}, "sft_steps": 5})
+    with pytest.raises(TurnRLError) as e:
+        g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)
+    assert str(tmp_path) in str(e.value) and "config.ppo.lr: 0.0005, now 0.001" in str(e.value)
+    assert "config.sft_steps: 4, now 5" in str(e.value)
 
 
 def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:

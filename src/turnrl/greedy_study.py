@@ -552,26 +552,6 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
     return result
 
 
-def check_settings(out: Path, design: str, cfg: dict[str, Any]) -> None:
-    """Stages skip outputs that exist, so a folder must hold one study: the first run writes its
-    design and settings to ``study.json``; a later run with others is a one-line error."""
-    from turnrl.train.core import atomic_write_json
-
-    mark = out / "study.json"
-    now = {"design": design, "config": json.loads(json.dumps(cfg))}
-    if not mark.exists():
-        atomic_write_json(mark, now)
-        return
-    was = json.loads(mark.read_text())
-    if was.get("design") != design:
-        raise TurnRLError(f"{mark}: this folder holds the {was.get('design')!r} study; --design {design} needs "
-                          "another --out")
-    changed = sorted(k for k in {**was["config"], **now["config"]} if was["config"].get(k) != now["config"].get(k))
-    if changed:
-        raise TurnRLError(f"{mark}: this folder's study ran with other settings ({', '.join(changed)}); "
-                          "use another --out")
-
-
 def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str | Path | None = None,
               parts: Sequence[str] = ("bandit", "tictactoe"), jobs: int = 1, report_only: bool = False,
               design: str = "commit", log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -593,7 +573,11 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     cfg = DESIGNS[design] if not fast else FAST
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, "fast" if fast else design, cfg)
+    # stages skip outputs that exist, so a folder holds one study: its design and settings are
+    # recorded in settings.json and another design or changed settings is a one-line error
+    from turnrl.pipelines.iterative import check_settings
+
+    check_settings(out, {"design": "fast" if fast else design, "config": cfg})
     t0 = time.time()
     plans: dict[str, dict[str, Any]] = {}
     if "bandit" in parts:

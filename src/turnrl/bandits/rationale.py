@@ -83,13 +83,12 @@ def thought(
     elif algo == "lose-shift":
         if counts is not None and not any(counts):
             why = f"Nothing is tried yet, so I pick {lab}."
+        elif not explored:  # for lose-shift, ``explored`` says the last reward was low
+            why = f"The last reward was not low, so I stay with {lab}."
+        elif arm == last_arm:  # ``follow`` < 1: a low reward it does not act on
+            why = f"The last reward was low, but I stay with {lab}."
         else:
-            if not explored:  # for lose-shift, ``explored`` says the last reward was low
-                why = f"The last reward was not low, so I stay with {lab}."
-            elif arm == last_arm:  # ``follow`` < 1: a low reward it does not act on
-                why = f"The last reward was low, but I stay with {lab}."
-            else:
-                why = f"The last reward was low, so I move on to {lab}."
+            why = f"The last reward was low, so I move on to {lab}."
     else:
         why = f"I pick {lab} at random."
     return f"{block}. {why}"
