@@ -220,3 +220,43 @@ def test_sft_data_without_agent_turns_says_so(tmp_path: Path, tiny_dir: Path) ->
                                   messages=[Message("system", "Play."), Message("user", "board")])])
     with pytest.raises(TurnRLError, match="no trajectory has an agent"):
         train_sft(str(tiny_dir), data, tmp_path / "out", SFTConfig(max_steps=1))
+
+
+def test_ensure_tiny_builds_once_when_processes_start_together(tmp_path: Path, monkeypatch) -> None:
+    """Two callers that find no cached tiny model at once: one builds, the other waits and uses it
+    (without the lock both built, and one deleted the folder the other was loading)."""
+    import threading
+    import time
+
+    from turnrl.models import tiny
+
+    built: list[Path] = []
+
+    def slow_build(out: Path) -> Path:
+        built.append(out)
+        time.sleep(0.3)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path))
+    monkeypatch.setattr(tiny, "build_tiny", slow_build)
+    got: list[Path] = []
+    threads = [threading.Thread(target=lambda: got.append(tiny.ensure_tiny())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and got == [built[0], built[0]]
+
+
+def test_tiny_corpus_is_pinned_to_the_cache_version() -> None:
+    """``tiny`` is cached per machine under TINY_VERSION: a change to the text its tokenizer is trained
+    on (an env's instruction or observations) must come with a new version, or machines that built
+    the model before keep another model under the same name."""
+    from turnrl.models import tiny
+
+    got = tiny.corpus_sha256()
+    assert got == tiny.TINY_CORPUS_SHA256, (
+        f"the tiny model's corpus changed: bump TINY_VERSION (now {tiny.TINY_VERSION}) and set "
+        f"TINY_CORPUS_SHA256 = {got!r}")

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from turnrl.errors import TurnRLError
 
-TINY_VERSION = "tiny-v1"
+#: ``tiny``'s cache folder, ``$TURNRL_HOME/<TINY_VERSION>``, built once per machine. Bump it whenever
+#: the model a build gives changes (corpus, presets, template), or a machine that cached the earlier
+#: model keeps loading it under the same name. The corpus is pinned by :data:`TINY_CORPUS_SHA256`
+#: (a test fails when it changes). v2 (27 Nov 2026): the corpus changed between 22 and 24 Nov
+#: without a bump, so a cache made before then held another model as ``tiny-v1``.
+TINY_VERSION = "tiny-v2"
+#: :func:`corpus_sha256` of the default corpus
+TINY_CORPUS_SHA256 = "e948afb2d1bc55ec5ba19054f83410467112d5012287ad1e9ad0ea89c2217f05"
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}"
@@ -69,6 +76,17 @@ def env_corpus(episodes_per_split: int = 40, seed: int = 0, env_names: Sequence[
                         if term or trunc:
                             yield obs
                             break
+
+
+def corpus_sha256(episodes_per_split: int = 40, seed: int = 0, env_names: Sequence[str] = CORPUS_ENVS) -> str:
+    """SHA-256 of :func:`env_corpus` (texts separated by NUL): the tokenizer's training text."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for text in env_corpus(episodes_per_split, seed, env_names):
+        h.update(text.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes_per_split: int = 40,
@@ -161,5 +179,12 @@ def ensure_tiny() -> Path:
 
     path = turnrl_home() / TINY_VERSION
     if not (path / "config.json").is_file():
-        build_tiny(path)
+        from filelock import FileLock
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # processes that start at once (a study's workers, parallel test workers) build it once:
+        # the others wait, then find it built
+        with FileLock(str(path) + ".lock"):
+            if not (path / "config.json").is_file():
+                build_tiny(path)
     return path
