@@ -1,13 +1,17 @@
-"""The knowing-doing study's models on 200 more instances (exploratory, not pre-registered; 27 Nov 2026).
+"""The knowing-doing study's models on more instances (27 Nov 2026: 150 exploratory, then 500 pre-registered).
 
 A start that commits to one label has the regret of that label, and on the study's 50 instances the ten
 labels range from 19.10 to 24.85, so the regret claim against a one-model start is partly a draw of its
 label. Over more instances every fixed label's regret tends to the same value (50 x (E[max of 10 U(0,1)]
 - 1/2) = 20.45), which leaves what the policy does. This script evaluates the study's models greedily, as
-the study does, on the seen instances ``bandit-100050`` .. ``bandit-100249`` (disjoint from the 50) and
+the study does, on other instances (below; disjoint from the 50) and
 prints regret@50, coverage@50 and ``Low.`` acted on per model, and the per-seed mean with a Student-t CI.
 
-    python docs/img/rlft/knowing-doing/eval_more_instances.py runs/kd OUT.json [JOBS]
+    python docs/img/rlft/knowing-doing/eval_more_instances.py runs/kd OUT.json [JOBS [FIRST COUNT]]
+
+The instances are ``bandit-FIRST`` .. ``bandit-(FIRST + COUNT - 1)``: by default 100050 and 150, the rest of
+the seen split (``bandit-100050`` .. ``bandit-100199``; the exploratory run). The confirmatory run of
+``CONFIRM-500.txt`` uses 300000 500: instances no run has trained or been evaluated on.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from turnrl import envs
 from turnrl import greedy_study as gs
 from turnrl.stats import mean_ci95
 
@@ -29,9 +32,10 @@ ROWS = {"start": ["sft-greedy"], "RLFT": ["rlft-s0", "rlft-s1", "rlft-s2"],
 def main() -> None:
     study, out = Path(sys.argv[1]), Path(sys.argv[2])
     jobs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    first, count = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (100050, 150)
     cfg = gs.KNOWING_DOING
     env_opts = dict(cfg["bandit_env"])
-    ids = envs.make("bandit", **env_opts).task_ids("seen")[50:250]
+    ids = [f"bandit-{s}" for s in range(first, first + count)]
     tmp = out.parent / (out.stem + "-parts")
     tasks = [(f"eval {m}", gs._eval_bandit_job, (str(tmp / f"{m}.json"), str(study / m / "model"), env_opts, list(ids),
                                                   cfg["ppo"]["max_new_tokens"]))
@@ -55,6 +59,14 @@ def main() -> None:
         print(f"{label}: regret@50 {r:.2f} [{rlo:.2f}, {rhi:.2f}] ({' / '.join(f'{x:.2f}' for x in regrets)}); "
               f"coverage {c:.2f} [{clo:.2f}, {chi:.2f}] ({' / '.join(f'{x:.2f}' for x in covs)}); "
               f"Low. acted on {acted:.0%} of {low}")
+    base = np.asarray(json.loads((tmp / "sft-greedy.json").read_text())["final_regret"])
+    for label, ms in ROWS.items():  # each model minus the start, instance by instance (95% Student t)
+        diffs = [np.asarray(json.loads((tmp / f"{m}.json").read_text())["final_regret"]) - base for m in ms]
+        paired = [(float(d.mean()), *mean_ci95([float(x) for x in d])[1]) for d in diffs]
+        result[label]["paired_per_model"] = paired
+        if label != "start":
+            print(f"{label} minus start, per model: "
+                  + " / ".join(f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" for m, lo, hi in paired))
     out.write_text(json.dumps({"instances": [ids[0], ids[-1]], "rows": result}, indent=1) + "\n")
 
 
