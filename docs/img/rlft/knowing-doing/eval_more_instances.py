@@ -25,7 +25,7 @@ import numpy as np
 from turnrl import greedy_study as gs
 from turnrl.stats import mean_ci95
 
-ROWS = {"start": ["sft-greedy"], "RLFT": ["rlft-s0", "rlft-s1", "rlft-s2"],
+ROWS = {"greedy-like SFT": ["sft-greedy"], "RLFT": ["rlft-s0", "rlft-s1", "rlft-s2"],
         "RLFT + bonus": ["rlft-bonus-s0", "rlft-bonus-s1", "rlft-bonus-s2"], "lose-shift SFT": ["sft-lose-shift"]}
 
 
@@ -37,37 +37,33 @@ def main() -> None:
     env_opts = dict(cfg["bandit_env"])
     ids = [f"bandit-{s}" for s in range(first, first + count)]
     tmp = out.parent / (out.stem + "-parts")
-    tasks = [(f"eval {m}", gs._eval_bandit_job, (str(tmp / f"{m}.json"), str(study / m / "model"), env_opts, list(ids),
-                                                  cfg["ppo"]["max_new_tokens"]))
-             for ms in ROWS.values() for m in ms]
+    tasks = {label: [(f"eval {m}", gs._eval_bandit_job, (str(tmp / f"{m}.json"), str(study / m / "model"), env_opts,
+                                                         ids, cfg["ppo"]["max_new_tokens"])) for m in ms]
+             for label, ms in ROWS.items()}
     pool = gs._Pool(jobs, lambda s: print(s, flush=True))
     try:
-        pool.run(tasks)
+        pool.run([t for ts in tasks.values() for t in ts])
     finally:
         pool.close()
-    result: dict[str, dict] = {}
+    # the study's own aggregation: CIs over a row's models, ``Low.`` acted on pooled, and each RLFT row
+    # minus the start per seed ("paired")
+    agg = gs.aggregate_bandit(tmp, len(ROWS["RLFT"]), cfg, tasks)
+    final = {m: np.asarray(json.loads((tmp / f"{m}.json").read_text())["final_regret"])
+             for ms in ROWS.values() for m in ms}
     for label, ms in ROWS.items():
-        per = [json.loads((tmp / f"{m}.json").read_text()) for m in ms]
-        regrets = [float(np.mean(p["final_regret"])) for p in per]
-        covs = [float(np.mean(p["final_coverage"])) for p in per]
-        low = sum(p["low_replies"] for p in per)
-        acted = sum(p["moves_on_low"] * p["low_replies"] for p in per) / low if low else float("nan")
-        r, (rlo, rhi) = mean_ci95(regrets)
-        c, (clo, chi) = mean_ci95(covs)
-        result[label] = {"regret_per_model": regrets, "coverage_per_model": covs, "low_replies": low,
-                         "moves_on_low": acted}
-        print(f"{label}: regret@50 {r:.2f} [{rlo:.2f}, {rhi:.2f}] ({' / '.join(f'{x:.2f}' for x in regrets)}); "
-              f"coverage {c:.2f} [{clo:.2f}, {chi:.2f}] ({' / '.join(f'{x:.2f}' for x in covs)}); "
-              f"Low. acted on {acted:.0%} of {low}")
-    base = np.asarray(json.loads((tmp / "sft-greedy.json").read_text())["final_regret"])
-    for label, ms in ROWS.items():  # each model minus the start, instance by instance (95% Student t)
-        diffs = [np.asarray(json.loads((tmp / f"{m}.json").read_text())["final_regret"]) - base for m in ms]
-        paired = [(float(d.mean()), *mean_ci95([float(x) for x in d])[1]) for d in diffs]
-        result[label]["paired_per_model"] = paired
-        if label != "start":
-            print(f"{label} minus start, per model: "
-                  + " / ".join(f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" for m, lo, hi in paired))
-    out.write_text(json.dumps({"instances": [ids[0], ids[-1]], "rows": result}, indent=1) + "\n")
+        row = agg["rows"][label]
+        # and each model minus the start, instance by instance (95% Student t over the instances)
+        row["paired_per_model"] = [(float(d.mean()), *mean_ci95([float(x) for x in d])[1])
+                                   for d in (final[m] - final["sft-greedy"] for m in ms)]
+        r, c = row["regret_seeds"], row["coverage_seeds"]
+        print(f"{label}: regret@50 {r['mean']:.2f} {r['ci95']} {row['regret_per_seed']}; coverage {c['mean']:.2f} "
+              f"{c['ci95']}; Low. acted on {row.get('moves_on_low', 0):.0%} of {row.get('low_replies', 0)}")
+        print("  minus the start, per model: "
+              + " / ".join(f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" for m, lo, hi in row["paired_per_model"]))
+    for label, d in agg["paired"].items():
+        print(f"{label} minus the start, per seed: {d['diff_seeds']}")
+    result = {"rows": agg["rows"], "paired": agg["paired"]}
+    out.write_text(json.dumps({"instances": [ids[0], ids[-1]], **result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
