@@ -67,4 +67,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    main()
+    from turnrl.errors import TurnRLError
+
+    try:
+        if len(sys.argv) < 3:
+            raise ValueError("missing arguments")
+        main()
+    except (TurnRLError, ValueError) as e:  # a bad argument or model folder: one line, exit 1
+        sys.exit(f"{Path(__file__).name}: {e}" + ("" if isinstance(e, TurnRLError) else " (usage: eval_more_instances.py STUDY_DIR OUT.json [JOBS [FIRST COUNT]])"))
