@@ -7,39 +7,47 @@ label. Over more instances every fixed label's regret tends to the same value (5
 the study does, on other instances (below; disjoint from the 50) and
 prints regret@50, coverage@50 and ``Low.`` acted on per model, and the per-seed mean with a Student-t CI.
 
-    python docs/img/rlft/knowing-doing/eval_more_instances.py runs/kd OUT.json [JOBS [FIRST COUNT]]
+    python docs/img/rlft/knowing-doing/eval_more_instances.py runs/kd OUT.json [JOBS [FIRST COUNT [SEEDS]]]
 
 The instances are ``bandit-FIRST`` .. ``bandit-(FIRST + COUNT - 1)``: by default 100050 and 150, the rest of
 the seen split (``bandit-100050`` .. ``bandit-100199``; the exploratory run). The confirmatory run of
-``CONFIRM-500.txt`` uses 300000 500: instances no run has trained or been evaluated on.
+``CONFIRM-500.txt`` uses 300000 500: instances no run has trained or been evaluated on. SEEDS (default 3) is
+the number of RLFT seeds per row (``FIVE-SEEDS.txt``: 5). An evaluation whose file exists in ``OUT-parts/`` is
+not re-run.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from turnrl import greedy_study as gs
+from turnrl.errors import run_script
 from turnrl.stats import mean_ci95
 
-ROWS = {"greedy-like SFT": ["sft-greedy"], "RLFT": ["rlft-s0", "rlft-s1", "rlft-s2"],
-        "RLFT + bonus": ["rlft-bonus-s0", "rlft-bonus-s1", "rlft-bonus-s2"], "lose-shift SFT": ["sft-lose-shift"]}
+
+def model_rows(seeds: int) -> dict[str, list[str]]:
+    """Each row's model folders in the study: the one-model rows and ``seeds`` seeds of both RLFT rows."""
+    return {"greedy-like SFT": ["sft-greedy"], "RLFT": [f"rlft-s{s}" for s in range(seeds)],
+            "RLFT + bonus": [f"rlft-bonus-s{s}" for s in range(seeds)], "lose-shift SFT": ["sft-lose-shift"]}
 
 
-def main() -> None:
-    study, out = Path(sys.argv[1]), Path(sys.argv[2])
-    jobs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-    first, count = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (100050, 150)
+def main(args: list[str]) -> None:
+    if len(args) < 2:
+        raise ValueError("missing arguments")
+    study, out = Path(args[0]), Path(args[1])
+    jobs = int(args[2]) if len(args) > 2 else 1
+    first, count = (int(args[3]), int(args[4])) if len(args) > 4 else (100050, 150)
+    rows = model_rows(int(args[5]) if len(args) > 5 else 3)
     cfg = gs.KNOWING_DOING
     env_opts = dict(cfg["bandit_env"])
     ids = [f"bandit-{s}" for s in range(first, first + count)]
     tmp = out.parent / (out.stem + "-parts")
     tasks = {label: [(f"eval {m}", gs._eval_bandit_job, (str(tmp / f"{m}.json"), str(study / m / "model"), env_opts,
                                                          ids, cfg["ppo"]["max_new_tokens"])) for m in ms]
-             for label, ms in ROWS.items()}
+             for label, ms in rows.items()}
     pool = gs._Pool(jobs, lambda s: print(s, flush=True))
     try:
         pool.run([t for ts in tasks.values() for t in ts])
@@ -47,10 +55,10 @@ def main() -> None:
         pool.close()
     # the study's own aggregation: CIs over a row's models, ``Low.`` acted on pooled, and each RLFT row
     # minus the start per seed ("paired")
-    agg = gs.aggregate_bandit(tmp, len(ROWS["RLFT"]), cfg, tasks)
+    agg = gs.aggregate_bandit(tmp, len(rows["RLFT"]), cfg, tasks)
     final = {m: np.asarray(json.loads((tmp / f"{m}.json").read_text())["final_regret"])
-             for ms in ROWS.values() for m in ms}
-    for label, ms in ROWS.items():
+             for ms in rows.values() for m in ms}
+    for label, ms in rows.items():
         row = agg["rows"][label]
         # and each model minus the start, instance by instance (95% Student t over the instances)
         row["paired_per_model"] = [(float(d.mean()), *mean_ci95([float(x) for x in d])[1])
@@ -67,11 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    from turnrl.errors import TurnRLError
-
-    try:
-        if len(sys.argv) < 3:
-            raise ValueError("missing arguments")
-        main()
-    except (TurnRLError, ValueError) as e:  # a bad argument or model folder: one line, exit 1
-        sys.exit(f"{Path(__file__).name}: {e}" + ("" if isinstance(e, TurnRLError) else " (usage: eval_more_instances.py STUDY_DIR OUT.json [JOBS [FIRST COUNT]])"))
+    run_script(main, "eval_more_instances.py STUDY_DIR OUT.json [JOBS [FIRST COUNT [SEEDS]]]")

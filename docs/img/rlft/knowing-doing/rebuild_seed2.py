@@ -21,16 +21,18 @@ The script was stopped 3 iterations into seed 2, and the study command itself th
 the rebuilt start, reusing stage 1's models, the start's evaluation and seed 2's checkpoints.
 """
 
-import sys
 from pathlib import Path
 
 from turnrl import greedy_study as gs
+from turnrl.errors import run_script
 from turnrl.pipelines.iterative import check_settings
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    jobs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+def main(args: list[str]) -> None:
+    if not args:
+        raise ValueError("missing arguments")
+    out = Path(args[0])
+    jobs = int(args[1]) if len(args) > 1 else 2
     cfg = gs.KNOWING_DOING
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, {"design": "knowing-doing", "config": cfg})
@@ -48,11 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    from turnrl.errors import TurnRLError
-
-    try:
-        if len(sys.argv) < 2:
-            raise ValueError("missing arguments")
-        main()
-    except (TurnRLError, ValueError) as e:  # a bad argument or model folder: one line, exit 1
-        sys.exit(f"{Path(__file__).name}: {e}" + ("" if isinstance(e, TurnRLError) else " (usage: rebuild_seed2.py OUT [JOBS])"))
+    run_script(main, "rebuild_seed2.py OUT [JOBS]")
