@@ -260,3 +260,29 @@ def test_tiny_corpus_is_pinned_to_the_cache_version() -> None:
     assert got == tiny.TINY_CORPUS_SHA256, (
         f"the tiny model's corpus changed: bump TINY_VERSION (now {tiny.TINY_VERSION}) and set "
         f"TINY_CORPUS_SHA256 = {got!r}")
+
+
+def test_scripts_report_bad_arguments_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_script`` (the docs/ and scripts/ entry points): a bad argument is one line with the
+    usage, a TurnRLError one line without it; both exit 1; a good run returns."""
+    from turnrl.errors import run_script
+
+    monkeypatch.setattr("sys.argv", ["/x/probe.py"])
+    seen: list[list[str]] = []
+
+    def main(args: list[str]) -> None:
+        seen.append(args)
+        if not args:
+            raise ValueError("missing arguments")
+        if args[0] == "gone":
+            raise TurnRLError("model path not found: gone")
+        int(args[0])
+
+    for argv, expected in (([], "probe.py: missing arguments (usage: probe.py N)"),
+                           (["x"], "probe.py: invalid literal for int() with base 10: 'x' (usage: probe.py N)"),
+                           (["gone"], "probe.py: model path not found: gone")):
+        with pytest.raises(SystemExit) as e:
+            run_script(main, "probe.py N", argv)
+        assert e.value.code == expected
+    run_script(main, "probe.py N", ["3"])
+    assert seen[-1] == ["3"]

@@ -400,3 +400,46 @@ def test_forked_rng_seeds_inside_and_restores_outside() -> None:
     assert torch.equal(torch.rand(4), want)
     torch.manual_seed(1)
     assert torch.equal(torch.rand(4), inside)
+
+
+def test_checkpoints_of_a_tied_head_save_quietly_and_resume_tied(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A tied LM head (the tiny model's) is stored once by accelerate's ``save_state``, whose
+    shared-tensor warning the trainer drops for exactly the tied names; a resumed run is tied
+    again and ends where an uninterrupted one does."""
+    import logging
+
+    from turnrl.train.core import _TiedWeightFilter
+
+    def tied_model() -> LlamaForCausalLM:
+        m = build_model()
+        m.config.tie_word_embeddings = True
+        m.tie_weights()
+        return m
+
+    cfg = base_cfg(max_steps=4, save_every=2)
+    with caplog.at_level(logging.WARNING):
+        whole = Trainer(tied_model(), cfg, tmp_path / "whole", make_data(), NLL()).train()
+    assert latest_checkpoint(tmp_path / "whole") is not None
+    assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
+    import shutil
+
+    Trainer(tied_model(), cfg, tmp_path / "half", make_data(), NLL()).train()
+    # as if killed after the step-2 checkpoint: no summary, no final model, no step-4 checkpoint
+    (tmp_path / "half" / "summary.json").unlink()
+    shutil.rmtree(tmp_path / "half" / "model")
+    shutil.rmtree(tmp_path / "half" / "checkpoints" / "step-000004")
+    resumed = Trainer(tied_model(), cfg, tmp_path / "half", make_data(), NLL())
+    res = resumed.train(resume=True)
+    m = resumed.unwrapped_model
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    assert res.final_loss == pytest.approx(whole.final_loss, abs=1e-6)
+    # the filter drops only a record that names tied tensors
+    f = _TiedWeightFilter({"lm_head.weight"})
+    msg = "[RANK 0] Removed shared tensor {%s} while saving. This should be OK"
+
+    def record(names: str) -> logging.LogRecord:
+        return logging.LogRecord("accelerate.utils.other", logging.WARNING, __file__, 0, msg % names, None, None)
+
+    assert not f.filter(record("'lm_head.weight'"))
+    assert f.filter(record("'lm_head.weight', 'model.norm.weight'"))
+    assert f.filter(record("'model.norm.weight'"))

@@ -8,7 +8,8 @@ The command line prints that line and exits non-zero; it never dumps a traceback
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -46,3 +47,15 @@ def check_output(path: str | Path, what: str, *, directory: bool = False) -> Non
             if not parent.is_dir():
                 raise TurnRLError(f"{what} {p}: {parent} is a file, not a folder")
             break
+
+
+def run_script(main: Callable[[list[str]], object], usage: str, argv: list[str] | None = None) -> None:
+    """Run a script's ``main(args)`` (the ``docs/`` and ``scripts/`` helpers): a :class:`TurnRLError`
+    is one line naming the script, a bad argument (``ValueError``) the same with ``usage``; both exit 1."""
+    name = Path(sys.argv[0]).name
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except TurnRLError as e:
+        sys.exit(f"{name}: {e}")
+    except ValueError as e:
+        sys.exit(f"{name}: {e} (usage: {usage})")

@@ -338,9 +338,6 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    import logging
-
-    logging.getLogger("accelerate").setLevel(logging.ERROR)  # checkpoint chatter on tied weights
     try:
         app(args=argv, prog_name="turnrl", standalone_mode=False)
     except TurnRLError as e:

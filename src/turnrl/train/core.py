@@ -52,11 +52,13 @@ process, still exact); DDP and FSDP accumulate exactly over micro-batches too.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import random
@@ -316,6 +318,47 @@ def _is_peft(model: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- trainer
+
+
+class _TiedWeightFilter(logging.Filter):
+    """Drops accelerate's ``Removed shared tensor {...} while saving`` when every tensor it names
+    is a parameter the model ties to another one (a tied LM head): safetensors stores one copy,
+    the model re-ties it on load, and the warning would repeat at every checkpoint. A record
+    naming any other tensor passes."""
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = re.search(r"Removed shared tensor (\{.*\}) while saving", record.getMessage())
+        if m is None:
+            return True
+        try:
+            names = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            return True
+        return not (isinstance(names, set) and names <= self.tied)
+
+
+def tied_parameter_names(*models: torch.nn.Module) -> set[str]:
+    """Names under which a parameter appears a second time (``lm_head.weight`` of a tied head)."""
+    names: set[str] = set()
+    for model in models:
+        names |= {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return names
+
+
+@contextlib.contextmanager
+def quiet_tied_weight_warning(*models: torch.nn.Module) -> Any:
+    """Silence accelerate's shared-tensor warning for the models' tied parameters while saving."""
+    log = logging.getLogger("accelerate.utils.other")
+    f = _TiedWeightFilter(tied_parameter_names(*models))
+    log.addFilter(f)
+    try:
+        yield
+    finally:
+        log.removeFilter(f)
 
 
 class Trainer:
@@ -689,7 +732,8 @@ class Trainer:
         if self.is_main:
             root.mkdir(parents=True, exist_ok=True)
         acc.wait_for_everyone()
-        acc.save_state(str(tmp))
+        with quiet_tied_weight_warning(self.model, acc.unwrap_model(self.model)):
+            acc.save_state(str(tmp))
         if self.is_main:
             epoch, position = divmod(step, self.batches_per_epoch)
             atomic_write_json(
