@@ -5,7 +5,7 @@ at all of them), as the study pairs them.
 
     python docs/img/rlft/ttt-minimax-start/eval_sampled.py runs/g9 --seeds 3
 
-Writes ``sampled.json`` next to this script and prints a table (mean over seeds, 95% CI over seeds,
+Writes ``--out`` (default ``sampled.json`` next to this script) and prints a table (mean over seeds, 95% CI over seeds,
 and RLFT minus its start per seed).
 """
 
@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("study", type=Path)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--games", type=int, default=FULL["ttt_games"])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "sampled.json")
     args = ap.parse_args()
     g = FULL["ttt_ppo"]["max_new_tokens"]
     rows = {"minimax SFT": [args.study / "ttt-sft-minimax" / "model"] * args.seeds,
@@ -46,7 +47,7 @@ def main() -> None:
         m, (lo, hi) = mean_ci95(d)
         lines.append(f"\nRLFT minus its start vs {opp}, per seed: {m:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     print("\n".join(lines))
-    (Path(__file__).parent / "sampled.json").write_text(json.dumps(res, indent=1) + "\n")
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":
