@@ -5,8 +5,10 @@ next-token NLL objective over random token lists keep every test fast on a CPU."
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -406,8 +408,6 @@ def test_checkpoints_of_a_tied_head_save_quietly_and_resume_tied(tmp_path: Path,
     """A tied LM head (the tiny model's) is stored once by accelerate's ``save_state``, whose
     shared-tensor warning the trainer drops for exactly the tied names; a resumed run is tied
     again and ends where an uninterrupted one does."""
-    import logging
-
     from turnrl.train.core import _TiedWeightFilter
 
     def tied_model() -> LlamaForCausalLM:
@@ -421,8 +421,6 @@ def test_checkpoints_of_a_tied_head_save_quietly_and_resume_tied(tmp_path: Path,
         whole = Trainer(tied_model(), cfg, tmp_path / "whole", make_data(), NLL()).train()
     assert latest_checkpoint(tmp_path / "whole") is not None
     assert not [r for r in caplog.records if "shared tensor" in r.getMessage()]
-    import shutil
-
     Trainer(tied_model(), cfg, tmp_path / "half", make_data(), NLL()).train()
     # as if killed after the step-2 checkpoint: no summary, no final model, no step-4 checkpoint
     (tmp_path / "half" / "summary.json").unlink()
