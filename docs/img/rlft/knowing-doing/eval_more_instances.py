@@ -34,6 +34,22 @@ def model_rows(seeds: int) -> dict[str, list[str]]:
             "RLFT + bonus": [f"rlft-bonus-s{s}" for s in range(seeds)], "lose-shift SFT": ["sft-lose-shift"]}
 
 
+def eval_tasks(study: Path, parts: Path, models: list[str], ids: list[str]) -> list[tuple]:
+    """The study's greedy evaluation job of each model folder on ``ids``, written to ``parts/<model>.json``
+    (an existing file is not re-run)."""
+    cfg = gs.KNOWING_DOING
+    return [(f"eval {m}", gs._eval_bandit_job, (str(parts / f"{m}.json"), str(study / m / "model"),
+                                                 dict(cfg["bandit_env"]), ids, cfg["ppo"]["max_new_tokens"]))
+            for m in models]
+
+
+def minus_start(parts: Path, models: list[str], start: str = "sft-greedy") -> list[tuple[float, float, float]]:
+    """Each model's regret@H minus the start's, instance by instance: mean and 95% Student t CI over the
+    instances."""
+    final = {m: np.asarray(json.loads((parts / f"{m}.json").read_text())["final_regret"]) for m in [start, *models]}
+    return [(float(d.mean()), *mean_ci95([float(x) for x in d])[1]) for d in (final[m] - final[start] for m in models)]
+
+
 def main(args: list[str]) -> None:
     if len(args) < 2:
         raise ValueError("missing arguments")
@@ -41,13 +57,9 @@ def main(args: list[str]) -> None:
     jobs = int(args[2]) if len(args) > 2 else 1
     first, count = (int(args[3]), int(args[4])) if len(args) > 4 else (100050, 150)
     rows = model_rows(int(args[5]) if len(args) > 5 else 3)
-    cfg = gs.KNOWING_DOING
-    env_opts = dict(cfg["bandit_env"])
     ids = [f"bandit-{s}" for s in range(first, first + count)]
     tmp = out.parent / (out.stem + "-parts")
-    tasks = {label: [(f"eval {m}", gs._eval_bandit_job, (str(tmp / f"{m}.json"), str(study / m / "model"), env_opts,
-                                                         ids, cfg["ppo"]["max_new_tokens"])) for m in ms]
-             for label, ms in rows.items()}
+    tasks = {label: eval_tasks(study, tmp, ms, ids) for label, ms in rows.items()}
     pool = gs._Pool(jobs, lambda s: print(s, flush=True))
     try:
         pool.run([t for ts in tasks.values() for t in ts])
@@ -55,14 +67,10 @@ def main(args: list[str]) -> None:
         pool.close()
     # the study's own aggregation: CIs over a row's models, ``Low.`` acted on pooled, and each RLFT row
     # minus the start per seed ("paired")
-    agg = gs.aggregate_bandit(tmp, len(rows["RLFT"]), cfg, tasks)
-    final = {m: np.asarray(json.loads((tmp / f"{m}.json").read_text())["final_regret"])
-             for ms in rows.values() for m in ms}
+    agg = gs.aggregate_bandit(tmp, len(rows["RLFT"]), gs.KNOWING_DOING, tasks)
     for label, ms in rows.items():
         row = agg["rows"][label]
-        # and each model minus the start, instance by instance (95% Student t over the instances)
-        row["paired_per_model"] = [(float(d.mean()), *mean_ci95([float(x) for x in d])[1])
-                                   for d in (final[m] - final["sft-greedy"] for m in ms)]
+        row["paired_per_model"] = minus_start(tmp, ms)  # and each model minus the start, per instance
         r, c = row["regret_seeds"], row["coverage_seeds"]
         print(f"{label}: regret@50 {r['mean']:.2f} {r['ci95']} {row['regret_per_seed']}; coverage {c['mean']:.2f} "
               f"{c['ci95']}; Low. acted on {row.get('moves_on_low', 0):.0%} of {row.get('low_replies', 0)}")

@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+from eval_more_instances import eval_tasks, minus_start  # beside this script
+from train_more_seeds import train_seeds
 
 from turnrl import greedy_study as gs
 from turnrl.errors import run_script
-from turnrl.pipelines.iterative import check_settings
-from turnrl.stats import mean_ci95
 
 
 def main(args: list[str]) -> None:
@@ -28,29 +28,18 @@ def main(args: list[str]) -> None:
         raise ValueError("missing arguments")
     out, iterations, seeds = Path(args[0]), int(args[1]), [int(s) for s in args[2:]]
     cfg = {**gs.KNOWING_DOING, "ppo": {**gs.KNOWING_DOING["ppo"], "iterations": iterations}}
-    out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, {"design": "knowing-doing, longer budget", "config": cfg})
-    gs.collect_bandit(out, cfg)
-    plan = gs.plan_bandit(out, max(seeds) + 1, cfg)
-    rl = {t[0]: t for t in plan["rl"]}
     ids = [f"bandit-{i}" for i in range(300000, 300500)]
     models = ["sft-greedy", *(f"rlft-bonus-s{s}" for s in seeds)]
-    evals = [(f"eval {m}", gs._eval_bandit_job, (str(out / "eval-500" / f"{m}.json"), str(out / m / "model"),
-                                                  dict(cfg["bandit_env"]), ids, cfg["ppo"]["max_new_tokens"]))
-             for m in models]
+    parts = out / "eval-500"
     pool = gs._Pool(2, lambda s: print(s, flush=True))
     try:
-        pool.run(plan["sft"])
-        pool.run([rl[f"bandit RLFT + bonus seed {s}"] for s in seeds])
-        pool.run(evals)
+        train_seeds(out, "knowing-doing, longer budget", cfg, seeds, ("RLFT + bonus",), pool, evaluate=False)
+        pool.run(eval_tasks(out, parts, models, ids))
     finally:
         pool.close()
-    res = {m: json.loads((out / "eval-500" / f"{m}.json").read_text()) for m in models}
-    start = np.asarray(res["sft-greedy"]["final_regret"])
     summary = {}
-    for m in models:
-        r = res[m]
-        d, (lo, hi) = mean_ci95([float(x) for x in np.asarray(r["final_regret"]) - start])
+    for m, (d, lo, hi) in zip(models, minus_start(parts, models), strict=True):
+        r = json.loads((parts / f"{m}.json").read_text())
         summary[m] = {"regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
                       "moves_on_low": r.get("moves_on_low"), "minus_start": [d, lo, hi]}
         print(f"{m}: regret@50 {summary[m]['regret']:.2f}, coverage {summary[m]['coverage']:.2f}, "
