@@ -22,7 +22,8 @@ import torch
 from pydantic import ValidationError
 
 from turnrl.errors import TurnRLError
-from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward, train_ppo
+from turnrl.train.core import split_modules
+from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, new_value_head, policy_forward, train_ppo
 
 TTT_INSTRUCTION = "Tic-tac-toe, you are X. Reply ACTION=<cell>."
 
@@ -174,10 +175,19 @@ def test_ppo_sigkill_then_resume_matches_uninterrupted(tiny_dir: Path, tmp_path:
             assert a.get(k) == b.get(k)
     from safetensors.torch import load_file
 
-    wa = load_file(str(ref / "model" / "model.safetensors"))
-    wb = load_file(str(out / "model" / "model.safetensors"))
-    assert any("value_head" in k for k in wa)
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    for name in ("model.safetensors", "value_head.safetensors"):  # the value head is kept apart
+        wa = load_file(str(ref / "model" / name))
+        wb = load_file(str(out / "model" / name))
+        assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    assert not any("value_head" in k for k in load_file(str(ref / "model" / "model.safetensors")))
+    assert set(wa) == {"weight", "bias"} and wa["weight"].abs().sum() > 0  # it trained
+    # the model folder loads with no unexpected key, and PPO continued from it starts from its head
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(str(ref / "model"), output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
+    head = new_value_head(model, ref / "model")
+    assert torch.equal(head.weight.data, wa["weight"]) and torch.equal(head.bias.data, wa["bias"])
 
 
 def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> None:
@@ -393,3 +403,46 @@ def test_study_tictactoe_fast_runs_end_to_end_in_two_workers(tiny_dir: Path, tmp
     assert all(len(r["random"]["per_seed"]) == 2 for r in t["rows"].values())
     assert (tmp_path / "study" / "ttt-rlft-s1" / "model" / "config.json").is_file()
     assert "RLFT minus minimax SFT (its start)" in (tmp_path / "study" / "rlft-tables.md").read_text()
+
+
+def test_split_modules_takes_a_module_apart_by_name() -> None:
+    t = {k: torch.full((1,), float(i)) for i, k in enumerate(
+        ["model.embed.weight", "value_head.weight", "value_head.bias", "base.model.value_head.x.weight",
+         "model.value_headless.weight", "lm_head.value_head"])}
+    kept, apart = split_modules(t, ("value_head", "critic"))
+    assert sorted(kept) == ["lm_head.value_head", "model.embed.weight", "model.value_headless.weight"]
+    assert list(apart) == ["value_head"]  # no parameter of "critic": no entry
+    assert sorted(apart["value_head"]) == ["bias", "weight", "x.weight"]
+    assert apart["value_head"]["weight"].item() == 1.0 and apart["value_head"]["x.weight"].item() == 3.0
+    assert split_modules(t, ()) == (t, {})
+
+
+def test_a_saved_value_head_that_does_not_fit_is_a_one_line_error(tiny_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    assert new_value_head(model, tiny_dir).weight.abs().sum() == 0  # no saved head: a zero one
+    hidden = int(model.config.hidden_size)
+    save_file({"weight": torch.ones(1, hidden), "bias": torch.full((1,), 2.0)}, str(tmp_path / "value_head.safetensors"))
+    head = new_value_head(model, tmp_path)
+    assert head.weight.sum().item() == hidden and head.bias.item() == 2.0
+    save_file({"weight": torch.ones(1, hidden + 1), "bias": torch.ones(1)}, str(tmp_path / "value_head.safetensors"))
+    with pytest.raises(TurnRLError, match=r"value_head\.safetensors: not a value head for this model") as e:
+        new_value_head(model, tmp_path)
+    assert "\n" not in str(e.value)
+    (tmp_path / "value_head.safetensors").write_text("xx")
+    with pytest.raises(TurnRLError, match="not a value head"):
+        new_value_head(model, tmp_path)
+
+
+@pytest.mark.slow
+def test_ppo_lora_gae_keeps_the_value_head_beside_the_merged_model(tiny_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    cfg = PPOConfig(instruction=TTT_INSTRUCTION, iterations=1, episodes_per_iter=2, batch_size=1, minibatches=1,
+                    ppo_epochs=1, max_new_tokens=4, row_tokens=1024, lr=1e-3, lora={"r": 4, "alpha": 8})
+    train_ppo(str(tiny_dir), "tictactoe", tmp_path / "o", cfg)
+    model_dir = tmp_path / "o" / "model"
+    assert not any("value_head" in k or "lora" in k for k in load_file(str(model_dir / "model.safetensors")))
+    assert set(load_file(str(model_dir / "value_head.safetensors"))) == {"weight", "bias"}

@@ -75,6 +75,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import ValidationInfo, field_validator
+from safetensors.torch import save_file
 from torch.optim.lr_scheduler import LambdaLR
 
 from turnrl.config import Config, Range
@@ -341,6 +342,24 @@ class _TiedWeightFilter(logging.Filter):
         return not (isinstance(names, set) and names <= self.tied)
 
 
+def split_modules(state_dict: dict[str, torch.Tensor], names: Sequence[str]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """``state_dict`` without the parameters of the modules named ``names`` (a key belongs to
+    module ``n`` when one of its dotted parts is ``n``), and those parameters per name, keyed
+    relative to the module (``value_head.weight`` -> ``weight``). A name with no parameters
+    is left out."""
+    kept: dict[str, torch.Tensor] = {}
+    apart: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        name = next((n for n in names if n in parts[:-1]), None)
+        if name is None:
+            kept[key] = value
+        else:
+            apart.setdefault(name, {})[".".join(parts[parts.index(name) + 1:])] = value
+    return kept, apart
+
+
 def tied_parameter_names(*models: torch.nn.Module) -> set[str]:
     """Names under which a parameter appears a second time (``lm_head.weight`` of a tied head)."""
     names: set[str] = set()
@@ -368,6 +387,9 @@ class Trainer:
     trainable parameters) and scheduler go through ``accelerator.prepare``. After
     :meth:`train`, :attr:`unwrapped_model` is the trained model and ``out_dir/model`` holds
     it in ``save_pretrained`` format (merged under LoRA; the adapter is in ``out_dir/adapter``).
+    The parameters of each module named in ``save_apart`` (e.g. PPO's ``value_head``, which no
+    ``from_pretrained`` class knows) go beside it, in ``out_dir/model/<name>.safetensors``, so
+    that the model folder loads without unexpected keys.
 
     ``run_config`` is everything besides ``cfg`` that determines the result (model path,
     data files, algorithm settings); it is hashed so that a resume with a different config
@@ -387,6 +409,7 @@ class Trainer:
         accelerator: Accelerator | None = None,
         run_config: dict[str, Any] | None = None,
         before_step: Callable[[int], dict[str, float] | None] | None = None,
+        save_apart: Sequence[str] = (),
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
@@ -403,6 +426,7 @@ class Trainer:
         #: new data into ``dataset`` there, e.g. PPO's rollouts); returned numbers are logged
         #: in that step's record. It must be deterministic given the model and the RNG state.
         self.before_step = before_step
+        self.save_apart = tuple(save_apart)
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)})
         self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
         acc = self.accelerator
@@ -773,10 +797,15 @@ class Trainer:
             if _is_peft(model):
                 model.save_pretrained(str(adapter_dir))
                 merged = copy.deepcopy(model).merge_and_unload()
-                merged.save_pretrained(str(model_dir))
+                kept, apart = split_modules(merged.state_dict(), self.save_apart)
+                merged.save_pretrained(str(model_dir), state_dict=kept)
                 del merged
             else:
-                model.save_pretrained(str(model_dir), state_dict=state_dict)
+                kept, apart = split_modules(state_dict, self.save_apart)
+                model.save_pretrained(str(model_dir), state_dict=kept)
+            for name, tensors in apart.items():
+                save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                          str(model_dir / f"{name}.safetensors"))
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(str(model_dir))
                 if _is_peft(model):

@@ -26,7 +26,9 @@ One iteration:
    elsewhere, e.g. tic-tac-toe): a value head (a linear layer on the last hidden state at
    the last prompt token of each turn, ``model.value_head``) and
    :func:`~turnrl.losses.gae`; the value head trains with
-   :func:`~turnrl.losses.value_loss` (``vf_coef``, optional ``value_clip``).
+   :func:`~turnrl.losses.value_loss` (``vf_coef``, optional ``value_clip``). The final
+   model folder keeps the head apart, in ``model/value_head.safetensors`` (the model loads
+   without unexpected keys), and PPO continued from such a folder starts from that head.
    Advantages are standardised over the batch's trained turns (``adv_norm``).
 4. **Updates.** ``ppo_epochs`` passes over the episodes in ``minibatches`` minibatches;
    every minibatch is one optimizer step of the trainer core
@@ -207,6 +209,26 @@ def find_value_head(model: Any) -> Any:
             if best is None or len(name) < len(best[0]):
                 best = (name, mod)
     return None if best is None else best[1]
+
+
+def new_value_head(model: Any, model_name: str | Path) -> torch.nn.Linear:
+    """The value head for ``model``: a float32 linear layer on the last hidden state, zero at the
+    start, or the one a PPO run saved beside the model in ``model_name/value_head.safetensors``
+    (so that PPO continued from a PPO model keeps its critic)."""
+    head = torch.nn.Linear(int(model.config.hidden_size), 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    saved = Path(model_name) / "value_head.safetensors"
+    if saved.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            head.load_state_dict(load_file(str(saved)))
+        except (RuntimeError, OSError, SafetensorError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TurnRLError(f"{saved}: not a value head for this model ({first})") from None
+    return head
 
 
 def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_head: Any = None) -> Forward:
@@ -649,11 +671,7 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if kind == "gae" and find_value_head(model) is None:
-        hidden = int(model.config.hidden_size)
-        head = torch.nn.Linear(hidden, 1)
-        torch.nn.init.zeros_(head.weight)
-        torch.nn.init.zeros_(head.bias)
-        model.value_head = head.to(next(model.parameters()).device)  # float32: it trains
+        model.value_head = new_value_head(model, model_name).to(next(model.parameters()).device)
     ref_model = None
     if cfg.beta_kl > 0 and cfg.lora is None:
         ref_model = copy.deepcopy(model).eval()
@@ -668,7 +686,7 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
     run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,
                   "ppo": cfg.model_dump(mode="json")}
     trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
-                      before_step=runner.before_step,
+                      before_step=runner.before_step, save_apart=("value_head",) if kind == "gae" else (),
                       eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
     runner.trainer = trainer
     if ref_model is not None:  # the trainer placed the policy; the frozen reference goes beside it
