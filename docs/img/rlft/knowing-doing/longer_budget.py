@@ -12,14 +12,10 @@ Prints per model regret@50, coverage@50, ``Low.`` acted on and the per-instance 
 (95% CI over the 500 instances); writes ``OUT/longer_budget.json``.
 """
 
-import json
 from pathlib import Path
 
-import numpy as np
-from eval_more_instances import eval_tasks, minus_start  # beside this script
-from train_more_seeds import train_seeds
+from ppo_variant import run  # beside this script
 
-from turnrl import greedy_study as gs
 from turnrl.errors import run_script
 
 
@@ -27,24 +23,7 @@ def main(args: list[str]) -> None:
     if len(args) < 3:
         raise ValueError("missing arguments")
     out, iterations, seeds = Path(args[0]), int(args[1]), [int(s) for s in args[2:]]
-    cfg = {**gs.KNOWING_DOING, "ppo": {**gs.KNOWING_DOING["ppo"], "iterations": iterations}}
-    ids = [f"bandit-{i}" for i in range(300000, 300500)]
-    models = ["sft-greedy", *(f"rlft-bonus-s{s}" for s in seeds)]
-    parts = out / "eval-500"
-    pool = gs._Pool(2, lambda s: print(s, flush=True))
-    try:
-        train_seeds(out, "knowing-doing, longer budget", cfg, seeds, ("RLFT + bonus",), pool, evaluate=False)
-        pool.run(eval_tasks(out, parts, models, ids))
-    finally:
-        pool.close()
-    summary = {}
-    for m, (d, lo, hi) in zip(models, minus_start(parts, models), strict=True):
-        r = json.loads((parts / f"{m}.json").read_text())
-        summary[m] = {"regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
-                      "moves_on_low": r.get("moves_on_low"), "minus_start": [d, lo, hi]}
-        print(f"{m}: regret@50 {summary[m]['regret']:.2f}, coverage {summary[m]['coverage']:.2f}, "
-              f"Low. acted on {r.get('moves_on_low', 0):.0%}, minus the start {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
-    (out / "longer_budget.json").write_text(json.dumps({"iterations": iterations, **summary}, indent=1) + "\n")
+    run(out, {"iterations": iterations}, ("RLFT + bonus",), seeds, "longer_budget.json", "knowing-doing, longer budget")
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
