@@ -1,0 +1,90 @@
+"""Exploratory, not pre-registered (27 Nov 2026): RLFT on tic-tac-toe from a start with few invalid replies.
+
+The study's tic-tac-toe start (100 minimax games) writes an invalid reply in 27% of its greedy turns and 63%
+of its sampled ones, and PPO moved its greedy choice onto occupied cells (docs/rlft.md, the third design).
+The quickstart's SFT agent (600 minimax games, 3 epochs) writes 6% invalid greedy replies. This trains PPO
+from it with the second design's settings (``turnrl train ppo``'s defaults: lr 1e-4, GAE and the value head,
+beta_KL 0.05; 40 iterations of 16 games against the random opponent, -1 per invalid reply) in the
+quickstart's prompt, and plays 400 greedy games against the random opponent on the seen split (the same
+games for every model) and 200 at temperature 1.
+
+    python docs/img/rlft/ttt-quickstart-start/run.py QUICKSTART_OUT OUT SEED [SEED ...]
+
+QUICKSTART_OUT is a ``turnrl quickstart --out`` folder (its ``sft/model`` is the start). Writes
+``OUT/results.json``.
+"""
+
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from turnrl.errors import run_script
+
+GAMES, SAMPLED = 400, 200
+
+
+def ppo(start: str, out: str, seed: int) -> str:
+    from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
+    from turnrl.train.ppo import PPOConfig, train_ppo
+
+    if not (Path(out) / "summary.json").exists():
+        cfg = PPOConfig(instruction=PROMPT.instruction, history=PROMPT.history, env_opts=ENV_OPTS, max_new_tokens=48,
+                        iterations=40, episodes_per_iter=16, num_envs=16, invalid_penalty=-1.0, seed=seed, save_every=4)
+        train_ppo(start, ENV, out, cfg, resume=(Path(out) / "checkpoints").exists())
+    return str(Path(out) / "model")
+
+
+def play(model: str, temperature: float, games: int) -> dict[str, float]:
+    import torch
+
+    from turnrl.collect import run_policy
+    from turnrl.evaluation import summarize
+    from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
+    from turnrl.rollout import SamplingConfig, load_policy
+
+    torch.manual_seed(0)
+    pol = load_policy(model, sampling=SamplingConfig(temperature=temperature, max_new_tokens=48), history=PROMPT.history)
+    trajs = run_policy(pol, ENV, split="seen", episodes=games, env_opts=ENV_OPTS, num_envs=64, seed=1, prompt=PROMPT)
+    s = summarize(trajs, policy=model, env=ENV, split="seen")
+    return {"avg_reward": s["avg_reward"], "ci95": s["ci95"], "invalid": s["invalid_action_rate"],
+            "returns": [t.return_ for t in trajs]}
+
+
+def main(args: list[str]) -> None:
+    if len(args) < 3:
+        raise ValueError("missing arguments")
+    start, out, seeds = str(Path(args[0]) / "sft" / "model"), Path(args[1]), [int(s) for s in args[2:]]
+    if not Path(start).is_dir():
+        raise ValueError(f"{start}: no quickstart SFT model there")
+    with ProcessPoolExecutor(2) as ex:
+        models = list(ex.map(ppo, [start] * len(seeds), [str(out / f"ppo-s{s}") for s in seeds], seeds))
+        named = {"start": start, **{f"rlft-s{s}": m for s, m in zip(seeds, models, strict=True)}}
+        greedy = dict(zip(named, ex.map(play, named.values(), [0.0] * len(named), [GAMES] * len(named)), strict=True))
+        sampled = dict(zip(named, ex.map(play, named.values(), [1.0] * len(named), [SAMPLED] * len(named)), strict=True))
+    res = {"greedy": greedy, "sampled": sampled}
+    for mode, rows in res.items():
+        for name, r in rows.items():
+            line = f"{mode} {name}: {r['avg_reward']:.3f} {r['ci95']} invalid {r['invalid']:.3f}"
+            if name != "start":
+                d = [a - b for a, b in zip(r["returns"], rows["start"]["returns"], strict=True)]
+                line += f", minus the start by game {sum(d) / len(d):+.3f} ({sum(x > 0 for x in d)} up / {sum(x < 0 for x in d)} down)"
+            print(line, flush=True)
+    if len(seeds) > 1:  # across seeds: the mean's 95% CI, and each game's gain averaged over the seeds
+        from turnrl.stats import mean_ci95
+
+        for mode, rows in res.items():
+            ms = [rows[f"rlft-s{s}"] for s in seeds]
+            mean, ci = mean_ci95([r["avg_reward"] for r in ms])
+            by_game = [sum(r["returns"][i] for r in ms) / len(ms) - rows["start"]["returns"][i]
+                       for i in range(len(rows["start"]["returns"]))]
+            gain, gci = mean_ci95(by_game)
+            rows["RLFT"] = {"mean": mean, "ci95": ci, "minus_start_by_game": [gain, *gci]}
+            print(f"{mode} RLFT over seeds {seeds}: {mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] against the start's "
+                  f"{rows['start']['avg_reward']:.3f}; by game {gain:+.3f} [{gci[0]:+.3f}, {gci[1]:+.3f}]", flush=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    run_script(main, "run.py QUICKSTART_OUT OUT SEED [SEED ...]")
