@@ -15,11 +15,12 @@ QUICKSTART_OUT is a ``turnrl quickstart --out`` folder (its ``sft/model`` is the
 """
 
 import json
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from turnrl.errors import run_script
+from turnrl.stats import mean_ci95, paired_by_unit
 
 GAMES, SAMPLED = 400, 200
 
@@ -35,7 +36,7 @@ def ppo(start: str, out: str, seed: int) -> str:
     return str(Path(out) / "model")
 
 
-def play(model: str, temperature: float, games: int) -> dict[str, float]:
+def play(model: str, temperature: float, games: int) -> dict[str, Any]:
     import torch
 
     from turnrl.collect import run_policy
@@ -51,6 +52,28 @@ def play(model: str, temperature: float, games: int) -> dict[str, float]:
             "returns": [t.return_ for t in trajs]}
 
 
+def summarize_rows(res: dict[str, dict[str, Any]], seeds: list[int]) -> None:
+    """Print each model minus the start game by game, and (more than one seed) RLFT across the seeds: the
+    mean's 95% CI and each game's gain averaged over the seeds (``paired_by_unit``); adds the row ``RLFT``."""
+    for mode, rows in res.items():
+        start = [dict(enumerate(rows["start"]["returns"]))]
+        for name, r in rows.items():
+            line = f"{mode} {name}: {r['avg_reward']:.3f} {r['ci95']} invalid {r['invalid']:.3f}"
+            if name != "start":
+                d = paired_by_unit([dict(enumerate(r["returns"]))], start)
+                line += f", minus the start by game {d.mean:+.3f} ({d.up} up / {d.down} down)"
+            print(line, flush=True)
+    if len(seeds) < 2:
+        return
+    for mode, rows in res.items():
+        ms = [rows[f"rlft-s{s}"] for s in seeds]
+        mean, ci = mean_ci95([r["avg_reward"] for r in ms])
+        d = paired_by_unit([dict(enumerate(r["returns"])) for r in ms], [dict(enumerate(rows["start"]["returns"]))] * len(ms))
+        rows["RLFT"] = {"mean": mean, "ci95": ci, "minus_start_by_game": [d.mean, *d.ci95]}
+        print(f"{mode} RLFT over seeds {seeds}: {mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] against the start's "
+              f"{rows['start']['avg_reward']:.3f}; by game {d.mean:+.3f} [{d.ci95[0]:+.3f}, {d.ci95[1]:+.3f}]", flush=True)
+
+
 def main(args: list[str]) -> None:
     if len(args) < 3:
         raise ValueError("missing arguments")
@@ -63,28 +86,9 @@ def main(args: list[str]) -> None:
         greedy = dict(zip(named, ex.map(play, named.values(), [0.0] * len(named), [GAMES] * len(named)), strict=True))
         sampled = dict(zip(named, ex.map(play, named.values(), [1.0] * len(named), [SAMPLED] * len(named)), strict=True))
     res = {"greedy": greedy, "sampled": sampled}
-    for mode, rows in res.items():
-        for name, r in rows.items():
-            line = f"{mode} {name}: {r['avg_reward']:.3f} {r['ci95']} invalid {r['invalid']:.3f}"
-            if name != "start":
-                d = [a - b for a, b in zip(r["returns"], rows["start"]["returns"], strict=True)]
-                line += f", minus the start by game {sum(d) / len(d):+.3f} ({sum(x > 0 for x in d)} up / {sum(x < 0 for x in d)} down)"
-            print(line, flush=True)
-    if len(seeds) > 1:  # across seeds: the mean's 95% CI, and each game's gain averaged over the seeds
-        from turnrl.stats import mean_ci95
-
-        for mode, rows in res.items():
-            ms = [rows[f"rlft-s{s}"] for s in seeds]
-            mean, ci = mean_ci95([r["avg_reward"] for r in ms])
-            by_game = [sum(r["returns"][i] for r in ms) / len(ms) - rows["start"]["returns"][i]
-                       for i in range(len(rows["start"]["returns"]))]
-            gain, gci = mean_ci95(by_game)
-            rows["RLFT"] = {"mean": mean, "ci95": ci, "minus_start_by_game": [gain, *gci]}
-            print(f"{mode} RLFT over seeds {seeds}: {mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] against the start's "
-                  f"{rows['start']['avg_reward']:.3f}; by game {gain:+.3f} [{gci[0]:+.3f}, {gci[1]:+.3f}]", flush=True)
+    summarize_rows(res, seeds)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # the pool's workers are spawned and import this file
     run_script(main, "run.py QUICKSTART_OUT OUT SEED [SEED ...]")
