@@ -200,12 +200,13 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
+    out_dir = tmp_path / ("deep-" * 30) / "d"  # a path longer than any console width
     code, out, err = run_cli(["diagnose", "bandit", "--policy", "ucb", "--policy", "greedy", "--out",
-                              str(tmp_path / "d"), "--instances", "8", "--fb-prefixes", "2",
+                              str(out_dir), "--instances", "8", "--fb-prefixes", "2",
                               "--fb-max-repeats", "10"], capsys)
     assert code == 0, err
-    assert "ucb" in out and "diagnostics.json" in out
-    data = check_outputs(tmp_path / "d", 2)
+    assert "ucb" in out and f"wrote {out_dir / 'diagnostics.json'} and" in out  # the path is not wrapped
+    data = check_outputs(out_dir, 2)
     assert data["comparisons"][0]["a"] == "ucb" and data["comparisons"][0]["b"] == "greedy"
 
 

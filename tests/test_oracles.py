@@ -188,7 +188,9 @@ def test_pairwise_model_save_load_roundtrip(small_pairwise, tmp_path: Path) -> N
     small_pairwise.encoder.tok.save_pretrained(tmp_path / "pm")
     trajs = _ttt_trajectories(2)
     q = [("g", trajs[0], trajs[2]), ("g", trajs[1], trajs[3])]
-    again = make_oracle(OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm")))
+    # on the fixture's device: on a GPU the default would load it there, and CUDA's float32 kernels
+    # give other roundings (2e-6 off on an H100) than the CPU's
+    again = make_oracle(OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm"), device="cpu"))
     assert isinstance(again, PairwiseModelOracle)
     assert again.probs(q) == pytest.approx(small_pairwise.probs(q), abs=1e-6)
     with pytest.raises(TurnRLError, match="not a pairwise preference model"):

@@ -235,7 +235,7 @@ def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
     cfg = base_cfg(max_steps=4, lora=LoraSettings(r=4, alpha=8, dropout=0.05))
     original = {k: v.clone() for k, v in build_model().state_dict().items()}
     trainer, res = run(tmp_path, cfg)
-    peft_model = trainer.unwrapped_model
+    peft_model = trainer.unwrapped_model.cpu()  # the trainer puts it on the GPU when there is one
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     base = peft_model.get_base_model()

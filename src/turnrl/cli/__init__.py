@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
 
 from turnrl.cli.diagnose import diagnose_app
 from turnrl.cli.options import out_dir, out_file
+from turnrl.cli.output import console, err_console
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
 from turnrl.errors import TurnRLError
@@ -36,9 +36,6 @@ app.add_typer(diagnose_app, name="diagnose")
 register_sppo(app, train_app)
 register_pipelines(app)
 
-#: piped output (CI logs, ``| tee``) gets a width that fits the results tables instead of rich's 80
-console = Console(width=None if sys.stdout.isatty() else 140)
-err_console = Console(stderr=True)
 
 Episodes = Annotated[int, typer.Option(min=1, help="Episodes to play.")]
 NumEnvs = Annotated[int, typer.Option(min=1, help="Environments stepped in lock-step.")]

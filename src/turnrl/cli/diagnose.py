@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from turnrl.cli.options import out_dir
+from turnrl.cli.output import console
 
 diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnostics (regret, coverage, "
                                                       "frequency bias, knowing-doing gap).")
@@ -52,12 +53,9 @@ def diagnose_bandit(
     device: Annotated[str | None, typer.Option(help="Model device (cpu, cuda; default: cuda when a GPU is visible).")] = None,
 ) -> None:
     """Diagnose policies on bandits; write diagnostics.json and PNG plots."""
-    from rich.console import Console
-
     from turnrl.config import parse_overrides
     from turnrl.diagnostics.bandit import DiagnoseConfig, diagnose
 
-    console = Console()
     cfg = DiagnoseConfig(
         env=env, env_opts=parse_overrides(env_opt, what="--env-opt"), instances=instances, split=split, seed=seed,
         runs=runs, num_envs=num_envs, temperature=temperature, max_new_tokens=max_new_tokens, aids=list(aid or []),

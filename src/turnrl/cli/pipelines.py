@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-console = Console()
+from turnrl.cli.output import console
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
 ConfigOpt = Annotated[Path | None, typer.Option(help="YAML config.")]

@@ -6,11 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from turnrl.cli.options import out_dir, out_file
-
-console = Console()
+from turnrl.cli.output import console
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
 
