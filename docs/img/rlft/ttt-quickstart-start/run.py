@@ -8,9 +8,10 @@ beta_KL 0.05; 40 iterations of 16 games against the random opponent, -1 per inva
 quickstart's prompt, and plays 400 greedy games against the random opponent on the seen split (the same
 games for every model) and 200 at temperature 1.
 
-    python docs/img/rlft/ttt-quickstart-start/run.py QUICKSTART_OUT OUT SEED [SEED ...]
+    python docs/img/rlft/ttt-quickstart-start/run.py QUICKSTART_OUT OUT SEED [SEED ...] [KEY=VALUE ...]
 
-QUICKSTART_OUT is a ``turnrl quickstart --out`` folder (its ``sft/model`` is the start). Writes
+QUICKSTART_OUT is a ``turnrl quickstart --out`` folder (its ``sft/model`` is the start). ``KEY=VALUE``
+changes a PPO setting (e.g. ``advantage=mc episodes_per_iter=64``; the fifth design). Writes
 ``OUT/results.json``.
 """
 
@@ -25,14 +26,23 @@ from turnrl.stats import mean_ci95, paired_by_unit
 GAMES, SAMPLED = 400, 200
 
 
-def ppo(start: str, out: str, seed: int) -> str:
-    from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
-    from turnrl.train.ppo import PPOConfig, train_ppo
+def ppo_config(seed: int, overrides: list[str]) -> Any:
+    """The designs' PPO settings for ``seed``, changed by ``KEY=VALUE`` overrides (a bad one is a one-line error)."""
+    from turnrl.config import load_config
+    from turnrl.quickstart import ENV_OPTS, PROMPT
+    from turnrl.train.ppo import PPOConfig
+
+    base = dict(instruction=PROMPT.instruction, history=PROMPT.history, env_opts=ENV_OPTS, max_new_tokens=48,
+                iterations=40, episodes_per_iter=16, num_envs=16, invalid_penalty=-1.0, seed=seed, save_every=4)
+    return load_config(PPOConfig, None, overrides, base=base)
+
+
+def ppo(start: str, out: str, seed: int, overrides: list[str]) -> str:
+    from turnrl.quickstart import ENV
+    from turnrl.train.ppo import train_ppo
 
     if not (Path(out) / "summary.json").exists():
-        cfg = PPOConfig(instruction=PROMPT.instruction, history=PROMPT.history, env_opts=ENV_OPTS, max_new_tokens=48,
-                        iterations=40, episodes_per_iter=16, num_envs=16, invalid_penalty=-1.0, seed=seed, save_every=4)
-        train_ppo(start, ENV, out, cfg, resume=(Path(out) / "checkpoints").exists())
+        train_ppo(start, ENV, out, ppo_config(seed, overrides), resume=(Path(out) / "checkpoints").exists())
     return str(Path(out) / "model")
 
 
@@ -75,13 +85,17 @@ def summarize_rows(res: dict[str, dict[str, Any]], seeds: list[int]) -> None:
 
 
 def main(args: list[str]) -> None:
+    overrides = [a for a in args if "=" in a]
+    args = [a for a in args if "=" not in a]
     if len(args) < 3:
         raise ValueError("missing arguments")
     start, out, seeds = str(Path(args[0]) / "sft" / "model"), Path(args[1]), [int(s) for s in args[2:]]
     if not Path(start).is_dir():
         raise ValueError(f"{start}: no quickstart SFT model there")
+    ppo_config(seeds[0], overrides)  # a bad override fails here, before any run
     with ProcessPoolExecutor(2) as ex:
-        models = list(ex.map(ppo, [start] * len(seeds), [str(out / f"ppo-s{s}") for s in seeds], seeds))
+        models = list(ex.map(ppo, [start] * len(seeds), [str(out / f"ppo-s{s}") for s in seeds], seeds,
+                             [overrides] * len(seeds)))
         named = {"start": start, **{f"rlft-s{s}": m for s, m in zip(seeds, models, strict=True)}}
         greedy = dict(zip(named, ex.map(play, named.values(), [0.0] * len(named), [GAMES] * len(named)), strict=True))
         sampled = dict(zip(named, ex.map(play, named.values(), [1.0] * len(named), [SAMPLED] * len(named)), strict=True))
@@ -91,4 +105,4 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    run_script(main, "run.py QUICKSTART_OUT OUT SEED [SEED ...]")
+    run_script(main, "run.py QUICKSTART_OUT OUT SEED [SEED ...] [KEY=VALUE ...]")
