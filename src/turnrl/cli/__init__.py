@@ -36,7 +36,6 @@ app.add_typer(diagnose_app, name="diagnose")
 register_sppo(app, train_app)
 register_pipelines(app)
 
-
 Episodes = Annotated[int, typer.Option(min=1, help="Episodes to play.")]
 NumEnvs = Annotated[int, typer.Option(min=1, help="Environments stepped in lock-step.")]
 MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens a reply may have.")]
