@@ -121,6 +121,25 @@ def test_objective_clips_positive_advantages_above_one_plus_eps(tiny_dir: Path) 
     assert obj.units([[sample]]) == n
 
 
+@pytest.mark.parametrize("trunk", [True, False])
+def test_value_loss_reaches_the_trunk_only_when_asked(tiny_dir: Path, trunk: bool) -> None:
+    model, tok, sample = _sample(tiny_dir)
+    head = new_value_head(model, tiny_dir)
+    with torch.no_grad():  # a zero head (the start) passes no gradient to the trunk either way
+        head.weight.normal_(0.0, 1.0)
+    obj = PPOObjective(PPOConfig(beta_kl=0.0, clip_eps=0.2, vf_coef=0.5, value_trunk=trunk), tok.pad_token_id or 0)
+    obj.value_head = head
+    assert sample.old_logps is not None
+    sample.old_logps = sample.old_logps - 1.0  # every token clipped: the policy loss has no gradient
+    sample.advantage, sample.ret, sample.old_value = 1.0, 3.0, 0.0
+    loss, m = obj(model, [[sample]])
+    assert m["value_loss"] > 0
+    model.zero_grad()
+    loss.backward()
+    assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0  # the head learns either way
+    assert (_grad_norm(model) > 0) is trunk
+
+
 @pytest.mark.slow
 def test_ppo_lora_full_vocabulary_kl_is_zero_at_start(tiny_dir: Path, tmp_path: Path) -> None:
     cfg = bandit_cfg(iterations=1, ppo_epochs=1, kl_estimator="full", beta_kl=0.1, lr=5e-3,

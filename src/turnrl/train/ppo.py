@@ -66,7 +66,8 @@ Departures from the paper (and why):
 * A reply cut by the thinking budget is trained with the template's end-of-turn token
   appended, which the model did not sample; its old log-prob is recomputed like the rest.
 * The value head is a plain linear layer on the policy's last hidden state (shared
-  trunk, no separate critic network); a truncated episode bootstraps with 0.
+  trunk, no separate critic network); a truncated episode bootstraps with 0. By default
+  its loss trains the trunk too; ``value_trunk=false`` stops it at the head.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class PPOConfig(TrainConfig):
     gae_lambda: float = 0.95
     vf_coef: float = 0.5
     value_clip: float | None = None
+    #: the value loss trains the shared trunk too; False: the head reads a detached hidden
+    #: state, so only the head learns from it (the policy's weights see the policy loss alone)
+    value_trunk: bool = True
     adv_norm: bool = True
     invalid_penalty: float = -5.0
     reward_norm: bool = True
@@ -231,10 +235,12 @@ def new_value_head(model: Any, model_name: str | Path) -> torch.nn.Linear:
     return head
 
 
-def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_head: Any = None) -> Forward:
+def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_head: Any = None,
+                   detach_value: bool = False) -> Forward:
     """Log-probs of the agent tokens of a packed batch (as :func:`turnrl.train.forward.token_logps`),
     with optional full log-distributions and the value of each sequence's state (read at the
-    position before its first agent token: the last prompt token)."""
+    position before its first agent token: the last prompt token; ``detach_value``: from a
+    detached hidden state, so the value's gradient stops at the head)."""
     device = next(model.parameters()).device
     ids = batch.input_ids.to(device)
     pos = batch.position_ids.to(device)
@@ -257,6 +263,8 @@ def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_
     if value_head is not None:
         hidden = out.hidden_states[-1]
         h = hidden[rows[first].to(device), cols[first].to(device)]
+        if detach_value:
+            h = h.detach()
         v_in_order = value_head(h.to(next(value_head.parameters()).dtype)).squeeze(-1).float()
         values = torch.zeros(batch.num_seqs, device=device, dtype=v_in_order.dtype)
         values = values.index_put((torch.tensor(seq_order, device=device),), v_in_order)
@@ -297,7 +305,7 @@ class PPOObjective:
             return p.sum() * 0.0, {}
         batch = pack([s.enc for s in samples], row_tokens=cfg.row_tokens, pad_id=self.pad_id)
         full = cfg.kl_estimator == "full" and cfg.beta_kl > 0
-        fw = policy_forward(model, batch, full=full, value_head=self.value_head)
+        fw = policy_forward(model, batch, full=full, value_head=self.value_head, detach_value=not cfg.value_trunk)
         device = fw.logps.device
         order = fw.seq_order
         old = torch.cat([_need(samples[s].old_logps, "old_logps") for s in order]).to(device)
