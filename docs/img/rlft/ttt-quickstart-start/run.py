@@ -46,7 +46,7 @@ def ppo(start: str, out: str, seed: int, overrides: list[str]) -> str:
     return str(Path(out) / "model")
 
 
-def play(model: str, temperature: float, games: int) -> dict[str, Any]:
+def play(model: str, temperature: float, games: int, env_seed: int = 1) -> dict[str, Any]:
     import torch
 
     from turnrl.collect import run_policy
@@ -56,7 +56,8 @@ def play(model: str, temperature: float, games: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     pol = load_policy(model, sampling=SamplingConfig(temperature=temperature, max_new_tokens=48), history=PROMPT.history)
-    trajs = run_policy(pol, ENV, split="seen", episodes=games, env_opts=ENV_OPTS, num_envs=64, seed=1, prompt=PROMPT)
+    trajs = run_policy(pol, ENV, split="seen", episodes=games, env_opts=ENV_OPTS, num_envs=64, seed=env_seed,
+                       prompt=PROMPT)
     s = summarize(trajs, policy=model, env=ENV, split="seen")
     return {"avg_reward": s["avg_reward"], "ci95": s["ci95"], "invalid": s["invalid_action_rate"],
             "returns": [t.return_ for t in trajs]}
