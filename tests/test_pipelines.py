@@ -273,10 +273,10 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert rows["sft"]["vs_sft"] is None
     m, ci = mean_ci95([0.5, 0.5, 0.5])  # paired with the same seed's SFT: 0.6-0.1, 0.7-0.2, 0.65-0.15
     assert rows["eto"]["vs_sft"] == {"mean": pytest.approx(0.5), "ci95": pytest.approx(list(ci), abs=1e-4),
-                                     "seeds": 3}
+                                     "seeds": 3, "up": 3, "down": 0}
     v = verdicts(CompareConfig(methods=["sft", "eto"]), list(rows.values()))
     assert any("eto vs sft" in line and "above (CIs do not overlap)" in line
-               and "paired difference +0.500" in line and "(above 0)" in line for line in v)
+               and "paired difference +0.500" in line and "(above 0; 3 up, 0 down)" in line for line in v)
     one = aggregate([_rec("sft", 0, "seen", 0.1), _rec("eto", 0, "seen", 0.9, iteration=1)])
     assert "no verdict" in verdicts(CompareConfig(methods=["sft", "eto"]), one)[0]
     recs += [_rec("sppo", s, "seen", r, iteration=3) for s, r in enumerate([0.3, 0.1, 0.2])]
@@ -286,8 +286,8 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
                                                            ("sppo", 3), ("sppo_dpo", 0), ("sppo_dpo", 3)]
     assert it[3]["avg_reward"] == pytest.approx(0.15) and it[4]["avg_reward"] == pytest.approx(0.2)
     v = verdicts(CompareConfig(methods=["sft", "eto", "sppo", "sppo_dpo"]), aggregate(recs))
-    assert any(line.startswith("- sppo vs sft") and "not separated" in line
-               and "+0.050 [" in line and "(contains 0)" in line for line in v)
+    assert any(line.startswith("- sppo vs sft") and "not separated" in line  # 0.3-0.1, 0.1-0.2, 0.2-0.15
+               and "+0.050 [" in line and "(contains 0; 2 up, 1 down)" in line for line in v)
     # a seed whose SFT agent is missing is left out of the pairing, not paired with another seed's
     partial = aggregate([r for r in recs if not (r["method"] == "sft" and r["seed"] == 2)])
     assert next(r for r in partial if r["method"] == "eto")["vs_sft"]["seeds"] == 2

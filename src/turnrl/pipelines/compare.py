@@ -331,11 +331,14 @@ def _paired_by_game(rs: list[Record], sft: dict[tuple[int, str], list[float]]) -
 
 
 def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | None:
+    """The row minus the same seed's SFT agent: mean and 95% CI across seeds; ``up``/``down``:
+    how many seeds' agents it raises and lowers."""
     diffs = [r["avg_reward"] - sft[(r["seed"], r["split"])] for r in rs if (r["seed"], r["split"]) in sft]
     if not diffs:
         return None
     m, (lo, hi) = mean_ci95(diffs)
-    return {"mean": m, "ci95": [lo, hi], "seeds": len(diffs)}
+    return {"mean": m, "ci95": [lo, hi], "seeds": len(diffs), "up": sum(d > 0 for d in diffs),
+            "down": sum(d < 0 for d in diffs)}
 
 
 def _mean(xs: list[Any]) -> float | None:
@@ -355,7 +358,8 @@ def _versus(r: Record, base: Record) -> str:
     paired = ""
     d = r.get("vs_sft") if base["method"] == "sft" else None
     if d is not None and d["seeds"] >= 2:
-        paired = f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({_side(d)})"
+        paired = (f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({_side(d)}"
+                  + (f"; {d['up']} up, {d['down']} down)" if "up" in d else ")"))
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
         paired += (f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games "
