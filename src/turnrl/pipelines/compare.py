@@ -358,8 +358,8 @@ def _versus(r: Record, base: Record) -> str:
     paired = ""
     d = r.get("vs_sft") if base["method"] == "sft" else None
     if d is not None and d["seeds"] >= 2:
-        paired = (f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds ({_side(d)}"
-                  + (f"; {d['up']} up, {d['down']} down)" if "up" in d else ")"))
+        paired = (f"; paired difference {d['mean']:+.3f} {_ci(d)} over {d['seeds']} seeds "
+                  f"({_side(d)}; {d['up']} up, {d['down']} down)")
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
         paired += (f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games "
