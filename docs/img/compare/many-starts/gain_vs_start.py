@@ -13,15 +13,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from turnrl.pipelines.compare import final_records  # noqa: E402  (a method's last iteration)
+
 HERE = Path(__file__).parent
 ROWS = {"eto": "ETO, iteration 2", "dmpo-g0.1-noisy": "DMPO γ = 0.1"}
 
 
 def main() -> None:
-    recs = [r for r in json.loads((HERE / "compare.json").read_text())["results"] if r["split"] == "seen"]
-    last: dict[tuple[str, int], float] = {}
-    for r in sorted(recs, key=lambda r: r.get("iteration", 0)):  # a method's last iteration wins
-        last[(r["method"], r["seed"])] = r["avg_reward"]
+    recs = json.loads((HERE / "compare.json").read_text())["results"]
+    last = {(r["method"], r["seed"]): r["avg_reward"] for r in final_records(recs) if r["split"] == "seen"}
     seeds = sorted({s for m, s in last if m == "sft"})
     start = np.array([last[("sft", s)] for s in seeds])
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ttt-quickstart-start"))  # run.py (workers too)
 
-from run import play, summarize_rows  # noqa: E402
+from run import play_all, summarize_rows  # noqa: E402
 
 from turnrl.errors import run_script  # noqa: E402
 
@@ -30,9 +30,7 @@ def main(args: list[str]) -> None:
         if not Path(path).is_dir():
             raise ValueError(f"{path}: no model there")
     with ProcessPoolExecutor(2) as ex:
-        greedy = dict(zip(named, ex.map(play, named.values(), [0.0] * len(named), [games] * len(named),
-                                        [env_seed] * len(named)), strict=True))
-    res = {"greedy": greedy}
+        res = {"greedy": play_all(ex, named, 0.0, games, env_seed)}
     summarize_rows(res, seeds)
     (run_dir / f"results-{games}games-seed{env_seed}.json").write_text(json.dumps(res, indent=1) + "\n")
 

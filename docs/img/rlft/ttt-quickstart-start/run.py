@@ -63,6 +63,12 @@ def play(model: str, temperature: float, games: int, env_seed: int = 1) -> dict[
             "returns": [t.return_ for t in trajs]}
 
 
+def play_all(ex: Any, named: dict[str, str], temperature: float, games: int, env_seed: int = 1) -> dict[str, Any]:
+    """:func:`play` for every named model, on the pool ``ex``: the same games for each."""
+    n = len(named)
+    return dict(zip(named, ex.map(play, named.values(), [temperature] * n, [games] * n, [env_seed] * n), strict=True))
+
+
 def summarize_rows(res: dict[str, dict[str, Any]], seeds: list[int]) -> None:
     """Print each model minus the start game by game, and (more than one seed) RLFT across the seeds: the
     mean's 95% CI and each game's gain averaged over the seeds (``paired_by_unit``); adds the row ``RLFT``."""
@@ -98,8 +104,8 @@ def main(args: list[str]) -> None:
         models = list(ex.map(ppo, [start] * len(seeds), [str(out / f"ppo-s{s}") for s in seeds], seeds,
                              [overrides] * len(seeds)))
         named = {"start": start, **{f"rlft-s{s}": m for s, m in zip(seeds, models, strict=True)}}
-        greedy = dict(zip(named, ex.map(play, named.values(), [0.0] * len(named), [GAMES] * len(named)), strict=True))
-        sampled = dict(zip(named, ex.map(play, named.values(), [1.0] * len(named), [SAMPLED] * len(named)), strict=True))
+        greedy = play_all(ex, named, 0.0, GAMES)
+        sampled = play_all(ex, named, 1.0, SAMPLED)
     res = {"greedy": greedy, "sampled": sampled}
     summarize_rows(res, seeds)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
