@@ -24,6 +24,7 @@ from turnrl.errors import TurnRLError
         ("contextual_bandit", {"items": 10, "horizon": 9, "randomize_labels": True, "summary": True}),
         ("contextual_bandit", {"noise": "high", "rationale": "ucb", "context": 0}),
         ("bandit", {"summary": "best", "context": 0, "randomize_labels": True}),
+        ("bandit", {"summary": "best-kv", "context": 0}),
     ],
 )
 def test_variants_keep_the_contract(name: str, kwargs: dict) -> None:
@@ -41,8 +42,8 @@ def test_variants_keep_the_contract(name: str, kwargs: dict) -> None:
         ("bandit", {"variant": "slider"}, "variant must be one of button, continuous (got 'slider')"),
         ("bandit", {"horizon": 0}, "horizon must be an integer from 1 to 1000 (got 0)"),
         ("bandit", {"context": -1}, "context must be an integer"),
-        ("bandit", {"summary": "yes"}, "summary must be true, false or best (got 'yes')"),
-        ("bandit", {"summary": 1.0}, "summary must be true, false or best (got 1.0)"),
+        ("bandit", {"summary": "yes"}, "summary must be true, false, best or best-kv (got 'yes')"),
+        ("bandit", {"summary": 1.0}, "summary must be true, false, best or best-kv (got 1.0)"),
         ("bandit", {"rationale": "long"}, "rationale must be one of short, ucb (got 'long')"),
         ("bandit", {"ucb_c": -1}, "ucb_c must be a number in [0, 100] (got -1)"),
         ("contextual_bandit", {"items": 1}, "items must be an integer from 2 to 20 (got 1)"),
@@ -194,6 +195,26 @@ def test_best_summary_names_the_greedy_arm_and_the_untried_ones() -> None:
     assert f"Best so far: {best} {means[best]:.2f} ({n}x). Untried: green, yellow." in env.render()
     play(env, ["green", "yellow"])
     assert env.render().splitlines()[-2].endswith("Untried: none.")
+
+
+def test_best_kv_summary_writes_each_label_as_a_reply_writes_its_action() -> None:
+    """``summary=best-kv``: the same facts as ``best``, as ``key=value`` pairs, so the tiny
+    tokenizer reads each label as the same token as in ``ACTION=<label>``."""
+    from turnrl.models.loading import load_tokenizer
+
+    kv, plain = (envs.make("bandit", arms=4, horizon=8, summary=s, context=0) for s in ("best-kv", "best"))
+    for env in (kv, plain):
+        env.reset(options={"task_id": "bandit-3"})
+        play(env, ["red", "blue", "red"])
+    line, plain_line = kv.render().splitlines()[-2], plain.render().splitlines()[-2]
+    best = plain_line.split()[3]
+    assert line == plain_line.replace("Best so far: ", "Best=").replace("Untried: ", "Untried=").replace(", ", ",")
+    assert line.endswith("Untried=green,yellow.") and line.startswith(f"Best={best} ")
+    tok = load_tokenizer("tiny")
+    action = tok.tokenize(f"ACTION={best}")[-1]
+    assert action in tok.tokenize(line) and action not in tok.tokenize(plain_line)
+    play(kv, ["green", "yellow"])
+    assert kv.render().splitlines()[-2].endswith("Untried=none.")
 
 
 def test_invalid_action_pays_nothing_and_counts() -> None:

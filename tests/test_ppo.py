@@ -316,7 +316,7 @@ def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
             elif last is not None:
                 assert m.content.count("Step=") == 1  # one history line
     assert low > 60 and 0.15 < moved / low < 0.45  # follow 0.3
-    assert set(DESIGNS) == {"commit", "knowing-doing"}
+    assert set(DESIGNS) == {"commit", "knowing-doing", "best-summary"}
     with pytest.raises(TurnRLError, match="--design must be one of"):
         run_study(tmp_path, design="greedy")
     # the first design keeps its file names and step counts (its documented runs resume and reproduce)
@@ -369,6 +369,59 @@ def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:
     monkeypatch.setattr(g, "_model_policy", lambda *a, **k: Unreadable())
     r = g.bandit_eval("unreadable", env, ids, 16, g.BANDIT_INSTRUCTION)
     assert r["invalid"] == 1.0 and r["low_replies"] == 0 and r["moves_on_low"] is None
+
+
+def test_bandit_eval_with_summary_best_counts_whether_the_word_names_the_arm(monkeypatch) -> None:
+    """``said`` (summary=best only): per rationale word, replies after the first pull and those whose
+    arm is the one the word names. The explore-first policy is right every time; a policy that says
+    ``Best.`` and plays a random button is right about as often as chance."""
+    import turnrl.greedy_study as g
+
+    env = {"arms": 10, "noise": "medium", "horizon": 16, "context": 0, "summary": "best"}
+    ids = [f"bandit-{100000 + i}" for i in range(8)]
+    monkeypatch.setattr(g, "_model_policy", lambda *a, **k: g.CompactBanditPolicy("greedy:init=100"))
+    r = g.bandit_eval("scripted", env, ids, 16, g.BANDIT_INSTRUCTION)
+    said = r["said"]
+    assert said["Untried."] == {"replies": 8 * 9, "right": 8 * 9}  # pulls 2-10 of every instance
+    assert said["Best."] == {"replies": 8 * 6, "right": 8 * 6} and r["final_coverage"] == [1.0] * 8
+
+    class SaysBest:  # the word without the arm: a random button every time
+        name = "says-best"
+
+        def act(self, requests: list[Any]) -> list[Any]:
+            from turnrl.rollout.policies import Reply
+
+            return [Reply(f"Best.\nACTION={r.rng.choice(g.LABELS)}") for r in requests]
+
+    monkeypatch.setattr(g, "_model_policy", lambda *a, **k: SaysBest())
+    r = g.bandit_eval("says-best", env, ids, 16, g.BANDIT_INSTRUCTION)
+    assert r["said"]["Best."]["replies"] == 8 * 15 and r["said"]["Untried."]["replies"] == 0
+    assert 0 < r["said"]["Best."]["right"] < 8 * 15 * 0.6
+    env_kd = {"arms": 10, "noise": "medium", "horizon": 4, "context": 1}
+    assert "said" not in g.bandit_eval("says-best", env_kd, ids[:2], 16, g.BANDIT_INSTRUCTION)
+
+
+def test_study_best_summary_design_collects_its_start_and_references(tmp_path: Path) -> None:
+    """The best-summary design: the prompt names the best tried arm and the untried ones (no history
+    line); the start's data is epsilon-greedy with ``Best.`` / ``Other.`` / ``Untried.`` rationales,
+    the explore-first reference says ``Untried.`` until every arm is tried, then ``Best.``."""
+    from turnrl.data.io import iter_trajectories
+    from turnrl.greedy_study import BEST_SUMMARY, collect_bandit, plan_bandit
+
+    cfg = {**BEST_SUMMARY, "sft_episodes": 6, "bandit_env": {**BEST_SUMMARY["bandit_env"], "horizon": 14}}
+    plan = plan_bandit(tmp_path, 3, cfg)
+    assert list(plan["evals"]) == ["untrained", "greedy-like SFT", "UCB SFT", "explore-first SFT", "RLFT",
+                                   "RLFT + bonus"]
+    assert all(t[2][3]["env_opts"]["summary"] == "best" and t[2][3]["lr"] == 5e-4 for t in plan["rl"])
+    collect_bandit(tmp_path, cfg)
+    words: dict[str, list[str]] = {}
+    for key in ("greedy", "explore-first"):
+        for traj in iter_trajectories(tmp_path / "data" / f"{key}.jsonl"):
+            users = [m.content for m in traj.messages if m.role == "user"]
+            assert all("Step=" not in u for u in users) and "Untried:" in users[1]
+            words.setdefault(key, []).extend(m.content.split("\n")[0] for m in traj.messages if m.role == "assistant")
+    assert {"Best.", "Other.", "Untried."} <= set(words["greedy"])
+    assert words["explore-first"][:14] == ["Start.", *["Untried."] * 9, *["Best."] * 4]
 
 
 def test_study_tictactoe_rlft_starts_from_minimax_sft_and_pairs_by_opponent_seed(tmp_path: Path) -> None:

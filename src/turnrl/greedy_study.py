@@ -99,8 +99,23 @@ KNOWING_DOING: dict[str, Any] = {
             "minibatches": 2, "batch_size": 4, "lr": 5e-4, "max_new_tokens": 16, "gamma": 0.95, "beta_kl": 0.1,
             "warmup_ratio": 0.1},
 }
-#: ``turnrl study greedy --design``: the bandit design (tic-tac-toe is the same in both)
-DESIGNS = {"commit": FULL, "knowing-doing": KNOWING_DOING}
+#: the third bandit design (27 Nov 2026): both choices are a label to copy. The prompt carries no
+#: history line but ``summary=best`` (``Best so far: red 0.83 (3x). Untried: green, yellow.``), and
+#: the start is SFT'd at lr 1e-3 for 1500 steps (at 800 the tiny model had not learned to copy the
+#: named arm, docs/rlft.md) on epsilon-greedy (0.3) episodes whose rationales are ``Best.`` /
+#: ``Other.`` / ``Untried.``; greedy decoding of it says ``Best.`` and stays on its first arm. What
+#: RLFT + bonus has to learn is to say ``Untried.`` while the prompt names untried arms ("try every
+#: arm once, then greedy": regret 12.1 against committing's 20.0 in simulation, docs/rlft.md).
+#: References: UCB SFT, and the SFT on that explore-first policy (greedy with optimistic initial
+#: values). PPO: the knowing-doing settings.
+BEST_SUMMARY: dict[str, Any] = {
+    **KNOWING_DOING,
+    "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 50, "context": 0, "summary": "best"},
+    "greedy_policy": "epsilon-greedy:eps=0.3", "sft_steps": 1500,
+    "ref_policies": [("UCB SFT", "ucb", "ucb", 1500), ("explore-first SFT", "greedy:init=100", "explore-first", 1500)],
+}
+#: ``turnrl study greedy --design``: the bandit design (tic-tac-toe is the same in all)
+DESIGNS = {"commit": FULL, "knowing-doing": KNOWING_DOING, "best-summary": BEST_SUMMARY}
 FAST: dict[str, Any] = {
     "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 6, "context": 3},
     "greedy_policy": "epsilon-greedy:eps=0.3", "ppo_horizon": 4,
@@ -143,7 +158,7 @@ class CompactBanditPolicy:
         for r in requests:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
-            thought = compact_thought(env.history, d.arm, best=env.summary == "best", arms=len(env.labels),
+            thought = compact_thought(env.history, d.arm, best=env.summary in ("best", "best-kv"), arms=len(env.labels),
                                       threshold=self.threshold)
             out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
@@ -255,9 +270,13 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     arms = np.full((n, h), -1, dtype=np.int64)
     rewards = np.zeros((n, h))
     low = moved = 0  # replies whose rationale is ``Low.``, and those of them that left the last arm
+    # summary=best: per rationale word (``Best.`` / ``Untried.``), replies and those whose arm is the
+    # one the word names (the best tried arm, ties included / an arm never pulled)
+    said = {"Best.": [0, 0], "Untried.": [0, 0]}
     for row, traj in enumerate(trajs):  # replay to recover the arms (as diagnostics.model_run)
         env.reset(options={"task_id": traj.task_id})
         t, last = 0, None
+        counts, sums = np.zeros(k), np.zeros(k)
         for msg in traj.messages:
             if msg.role != "assistant" or msg.action is None or t >= h:
                 continue
@@ -265,11 +284,21 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
             arms[row, t] = -1 if info["arm"] is None else int(info["arm"])
             rewards[row, t] = reward
             if info["arm"] is not None:
+                arm = int(info["arm"])
                 # an invalid reply's executed random fallback is not the model's choice: not counted
-                if msg.valid is not False and msg.content.lstrip().startswith("Low.") and last is not None:
+                text = msg.content.lstrip() if msg.valid is not False else ""
+                if text.startswith("Low.") and last is not None:
                     low += 1
-                    moved += int(info["arm"]) != last
-                last = int(info["arm"])  # the last pull the prompt shows
+                    moved += arm != last
+                word = next((w for w in said if text.startswith(w)), None)
+                if word is not None and counts.any():
+                    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+                    right = counts[arm] == 0 if word == "Untried." else means[arm] >= means.max()
+                    said[word][0] += 1
+                    said[word][1] += int(right)
+                last = arm  # the last pull the prompt shows
+                counts[arm] += 1
+                sums[arm] += reward
             t += 1
     pr = PolicyRun(str(model), "model", Run(inst, arms, rewards, np.full((n, h, k), np.nan)), 1)
     reg = regret_summary(pr)
@@ -280,7 +309,9 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     per_cov = (np.array([len(set(r[r >= 0].tolist())) for r in arms]) / k)
     return {"regret": reg, "coverage": cov, "actions_pct": kd["actions_pct"], "invalid": invalid_rate(trajs),
             "final_regret": per_regret.tolist(), "final_coverage": per_cov.tolist(),
-            "low_replies": low, "moves_on_low": moved / low if low else None}
+            "low_replies": low, "moves_on_low": moved / low if low else None,
+            **({"said": {w: {"replies": n, "right": r} for w, (n, r) in said.items()}}
+               if env_opts.get("summary") in ("best", "best-kv") else {})}
 
 
 def ttt_eval(model: str | Path, opponent: str, games: int, max_new_tokens: int, instruction: str,
@@ -693,5 +724,5 @@ def _ttt_plot(t: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BANDIT_INSTRUCTION", "DESIGNS", "KNOWING_DOING", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
+__all__ = ["BANDIT_INSTRUCTION", "BEST_SUMMARY", "DESIGNS", "KNOWING_DOING", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
            "compact_thought", "report", "run_study", "ttt_eval"]

@@ -24,7 +24,10 @@ Options (keyword-only; a bad value is a one-line :class:`~turnrl.errors.TurnRLEr
   mean reward, then the untried arms (``Best so far: red 0.83 (3x). Untried: green,
   yellow.``), so that acting greedily is copying one label and exploring is copying an
   untried one -- for models too small to take an argmax over ten printed means (the tiny
-  model's greedy-agents study);
+  model's greedy-agents study); ``best-kv`` writes the same line as ``key=value`` pairs
+  (``Best=red 0.83 (3x). Untried=green,yellow.``), each label exactly as a reply writes its
+  action (``ACTION=red``): a byte-level tokenizer reads `` red`` after a space and ``red``
+  after ``=`` as two different tokens, so a small model copies the label more easily;
 - ``randomize_labels`` (false): shuffle which label names which arm at every step; the
   whole shown history uses the current step's labels (the "context randomization" aid);
 - ``rationale`` (``short``): ``short`` asks for a short rationale; ``ucb`` asks the model
@@ -132,11 +135,14 @@ def best_tried(counts: np.ndarray, sums: np.ndarray) -> int:
     return min(tried, key=lambda i: (-sums[i] / counts[i], i)) if tried else -1
 
 
-def best_summary(counts: np.ndarray, sums: np.ndarray, labels: Sequence[str]) -> str:
-    """``summary=best``'s line: the best tried arm (the greedy choice), then the untried arms."""
+def best_summary(counts: np.ndarray, sums: np.ndarray, labels: Sequence[str], kv: bool = False) -> str:
+    """``summary=best``'s line: the best tried arm (the greedy choice), then the untried arms;
+    ``kv`` (``summary=best-kv``) writes them as ``key=value`` pairs."""
     b = best_tried(counts, sums)
-    untried = ", ".join(labels[i] for i in range(len(counts)) if not counts[i]) or "none"
-    return f"Best so far: {labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried: {untried}."
+    untried = [labels[i] for i in range(len(counts)) if not counts[i]] or ["none"]
+    if kv:
+        return f"Best={labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried={','.join(untried)}."
+    return f"Best so far: {labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried: {', '.join(untried)}."
 
 
 class BanditEnvBase(TextEnv):
@@ -159,10 +165,11 @@ class BanditEnvBase(TextEnv):
         env = self.name
         self.horizon = check_int(env, "horizon", horizon, 1, 1000)
         self.context = check_int(env, "context", context, 0, 1000)
-        if not (isinstance(summary, bool) or summary == "best"):
-            raise TurnRLError(f"{env}: summary must be true, false or best (got {summary!r})")
-        #: False, "counts" (``summary=true``) or "best"
-        self.summary: Literal[False, "counts", "best"] = "best" if summary == "best" else "counts" if summary else False
+        if not (isinstance(summary, bool) or summary in ("best", "best-kv")):
+            raise TurnRLError(f"{env}: summary must be true, false, best or best-kv (got {summary!r})")
+        #: False, "counts" (``summary=true``), "best" or "best-kv"
+        self.summary: Literal[False, "counts", "best", "best-kv"] = (
+            summary if summary in ("best", "best-kv") else "counts" if summary else False)  # type: ignore[assignment]
         self.randomize_labels = check_bool(env, "randomize_labels", randomize_labels)
         self.rationale = check_choice(env, "rationale", rationale, ("short", "ucb"))
         self.ucb_c = check_number(env, "ucb_c", ucb_c, 0.0, 100.0)
@@ -307,8 +314,8 @@ class BanditEnvBase(TextEnv):
 
     def _summary(self, history: Sequence[tuple[int | None, float]], labels: Sequence[str]) -> str:
         counts, sums = arm_stats(history, len(labels))
-        if self.summary == "best":
-            return best_summary(counts, sums, labels)
+        if self.summary in ("best", "best-kv"):
+            return best_summary(counts, sums, labels, kv=self.summary == "best-kv")
         by_label = {lab: i for i, lab in enumerate(labels)}
         parts = []
         for lab in self.labels:
