@@ -401,6 +401,27 @@ def test_bandit_eval_with_summary_best_counts_whether_the_word_names_the_arm(mon
     assert "said" not in g.bandit_eval("says-best", env_kd, ids[:2], 16, g.BANDIT_INSTRUCTION)
 
 
+def test_study_pools_the_said_counts_of_a_row_over_its_seeds(tmp_path: Path) -> None:
+    """A row of several seeds reports the ``said`` counts summed over them; a row without them none."""
+    import json
+
+    from turnrl.greedy_study import BEST_SUMMARY, aggregate_bandit
+
+    def report(i: int, said: bool) -> str:
+        r = {"final_regret": [10.0 + i, 12.0], "final_coverage": [0.1, 0.2 * i], "regret": {"mean": [1.0]},
+             "coverage": {"mean": [0.1]}, "actions_pct": {"optimal": 1.0, "greedy": 90.0, "other": 9.0}, "invalid": 0.0}
+        if said:
+            r["said"] = {"Best.": {"replies": 10 * i, "right": 5 * i}, "Untried.": {"replies": i, "right": i}}
+        path = tmp_path / f"{i}-{said}.json"
+        path.write_text(json.dumps(r))
+        return str(path)
+
+    evals = {"RLFT": [("", None, (report(i, True),)) for i in (1, 2)], "start": [("", None, (report(3, False),))]}
+    rows = aggregate_bandit(tmp_path, 2, BEST_SUMMARY, evals)["rows"]
+    assert rows["RLFT"]["said"] == {"Best.": {"replies": 30, "right": 15}, "Untried.": {"replies": 3, "right": 3}}
+    assert "said" not in rows["start"]
+
+
 def test_study_best_summary_design_collects_its_start_and_references(tmp_path: Path) -> None:
     """The best-summary design: the prompt names the best tried arm and the untried ones (no history
     line); the start's data is epsilon-greedy with ``Best.`` / ``Other.`` / ``Untried.`` rationales,

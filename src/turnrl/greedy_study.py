@@ -490,6 +490,9 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
         if low:  # the knowing-doing gap of a lose-shift rationale: how often ``Low.`` is acted on (pooled)
             moved = sum(p["moves_on_low"] * p["low_replies"] for p in per_seed if p.get("low_replies"))
             result["rows"][label].update(low_replies=low, moves_on_low=round(float(moved / low), 4))
+        if any("said" in p for p in per_seed):  # summary=best: the words that name their arm (pooled)
+            result["rows"][label]["said"] = {w: {k: sum(p["said"][w][k] for p in per_seed) for k in ("replies", "right")}
+                                             for w in per_seed[0]["said"]}
         per_instance[label] = [p["final_regret"] for p in per_seed]
         curves.append({"policy": label, "regret": _mean_curve([p["regret"] for p in per_seed]),
                        "coverage": _mean_curve([p["coverage"] for p in per_seed])})
