@@ -7,12 +7,14 @@ at step 50) and on tic-tac-toe:
 * **greedy-like SFT**: SFT on a scripted policy's episodes (``greedy_policy``) with one-word
   rationales. The paper starts RLFT from pretrained LLMs that are greedy; this is the stand-in:
   with greedy decoding it commits to its first arm (coverage 0.1), while sampling at
-  temperature 1 still explores, so RLFT has something to reinforce. Two designs
+  temperature 1 still explores, so RLFT has something to reinforce. Three designs
   (:data:`DESIGNS`, ``--design``): ``commit`` (:data:`FULL`, measured 23-24 Nov) SFTs on
   epsilon-greedy (eps 0.3) with 3 history lines at lr 3e-3; ``knowing-doing``
   (:data:`KNOWING_DOING`) SFTs on a lose-shift policy that acts on its own ``Low.`` rationale
   only 30% of the time, with one history line at lr 1e-3, so the start knows when to move on
-  and does not (the knowing-doing gap of seed 004). On tic-tac-toe the random-move SFT (an
+  and does not (the knowing-doing gap of seed 004); ``best-summary`` (:data:`BEST_SUMMARY`)
+  shows no history line but the best and the untried arms (``summary=best``), so that both
+  exploiting and exploring are a label to copy. On tic-tac-toe the random-move SFT (an
   aimless player) is a reference row;
 * **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; the
   knowing-doing design adds the lose-shift SFT that always acts on its rationale; on
