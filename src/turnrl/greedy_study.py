@@ -154,13 +154,14 @@ class CompactBanditPolicy:
 
     def act(self, requests: Sequence[Any]) -> list[Any]:
         from turnrl.bandits.policies import bandit_env
+        from turnrl.envs.bandit import BEST_SUMMARIES
         from turnrl.rollout.policies import Reply
 
         out = []
         for r in requests:
             env = bandit_env(r.env, self.name)
             d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
-            thought = compact_thought(env.history, d.arm, best=env.summary in ("best", "best-kv"), arms=len(env.labels),
+            thought = compact_thought(env.history, d.arm, best=env.summary in BEST_SUMMARIES, arms=len(env.labels),
                                       threshold=self.threshold)
             out.append(Reply(f"{thought}\nACTION={d.label}"))
         return out
@@ -255,6 +256,7 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     from turnrl.agent.prompting import PromptConfig
     from turnrl.bandits.simulate import Run
     from turnrl.diagnostics.bandit import PolicyRun, coverage_summary, knowing_doing, regret_summary
+    from turnrl.envs.bandit import BEST_SUMMARIES, best_tried
     from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
 
     policy = _model_policy(model, max_new_tokens)
@@ -294,8 +296,9 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
                     moved += arm != last
                 word = next((w for w in said if text.startswith(w)), None)
                 if word is not None and counts.any():
-                    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
-                    right = counts[arm] == 0 if word == "Untried." else means[arm] >= means.max()
+                    b = best_tried(counts, sums)
+                    right = (counts[arm] == 0 if word == "Untried."
+                             else counts[arm] > 0 and sums[arm] / counts[arm] >= sums[b] / counts[b])
                     said[word][0] += 1
                     said[word][1] += int(right)
                 last = arm  # the last pull the prompt shows
@@ -313,7 +316,7 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
             "final_regret": per_regret.tolist(), "final_coverage": per_cov.tolist(),
             "low_replies": low, "moves_on_low": moved / low if low else None,
             **({"said": {w: {"replies": n, "right": r} for w, (n, r) in said.items()}}
-               if env_opts.get("summary") in ("best", "best-kv") else {})}
+               if env.summary in BEST_SUMMARIES else {})}
 
 
 def ttt_eval(model: str | Path, opponent: str, games: int, max_new_tokens: int, instruction: str,

@@ -60,7 +60,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -135,6 +135,10 @@ def best_tried(counts: np.ndarray, sums: np.ndarray) -> int:
     return min(tried, key=lambda i: (-sums[i] / counts[i], i)) if tried else -1
 
 
+#: the ``summary`` values that name the best tried arm and the untried ones
+BEST_SUMMARIES = ("best", "best-kv")
+
+
 def best_summary(counts: np.ndarray, sums: np.ndarray, labels: Sequence[str], kv: bool = False) -> str:
     """``summary=best``'s line: the best tried arm (the greedy choice), then the untried arms;
     ``kv`` (``summary=best-kv``) writes them as ``key=value`` pairs."""
@@ -165,11 +169,11 @@ class BanditEnvBase(TextEnv):
         env = self.name
         self.horizon = check_int(env, "horizon", horizon, 1, 1000)
         self.context = check_int(env, "context", context, 0, 1000)
-        if not (isinstance(summary, bool) or summary in ("best", "best-kv")):
+        if not (isinstance(summary, bool) or summary in BEST_SUMMARIES):
             raise TurnRLError(f"{env}: summary must be true, false, best or best-kv (got {summary!r})")
         #: False, "counts" (``summary=true``), "best" or "best-kv"
-        self.summary: Literal[False, "counts", "best", "best-kv"] = (
-            summary if summary in ("best", "best-kv") else "counts" if summary else False)  # type: ignore[assignment]
+        self.summary = cast(Literal[False, "counts", "best", "best-kv"],
+                            summary if summary in BEST_SUMMARIES else "counts" if summary else False)
         self.randomize_labels = check_bool(env, "randomize_labels", randomize_labels)
         self.rationale = check_choice(env, "rationale", rationale, ("short", "ucb"))
         self.ucb_c = check_number(env, "ucb_c", ucb_c, 0.0, 100.0)
@@ -314,7 +318,7 @@ class BanditEnvBase(TextEnv):
 
     def _summary(self, history: Sequence[tuple[int | None, float]], labels: Sequence[str]) -> str:
         counts, sums = arm_stats(history, len(labels))
-        if self.summary in ("best", "best-kv"):
+        if self.summary in BEST_SUMMARIES:
             return best_summary(counts, sums, labels, kv=self.summary == "best-kv")
         by_label = {lab: i for i, lab in enumerate(labels)}
         parts = []
