@@ -95,6 +95,26 @@ def test_epsilon_greedy_distribution() -> None:
     assert Greedy(init=2.0).probs(state)[0].tolist() == pytest.approx([1 / 3, 1 / 3, 0.0, 1 / 3])
 
 
+def test_epsilon_greedy_untried_explores_only_untried_arms() -> None:
+    """``untried=1``: eps spread over the untried arms; with none left the exploring step is greedy."""
+    algo = make_algorithm("epsilon-greedy:eps=0.2,untried=1")
+    assert algo.spec == "epsilon-greedy:eps=0.2,untried=1"
+    state = algo.init(2, Setting(arms=4))
+    algo.update(state, np.array([2, 0]), np.array([1.0, 0.5]))
+    algo.update(state, np.array([0, 1]), np.array([0.0, 0.9]))
+    algo.update(state, np.array([-1, 2]), np.array([0.0, 0.1]))
+    algo.update(state, np.array([-1, 3]), np.array([0.0, 0.2]))
+    p = algo.probs(state)
+    assert p[0].tolist() == pytest.approx([0.0, 0.1, 0.8, 0.1])  # greedy arm 2; arms 1 and 3 untried
+    assert p[1].tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0])  # all tried: explore = greedy
+    arms, explored = algo.choose(state, None, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    draws = np.array([algo.choose(state, None, rng)[0] for _ in range(400)])
+    assert set(draws[:, 0].tolist()) == {1, 2, 3} and set(draws[:, 1].tolist()) == {1}
+    assert 0.12 < float(np.mean(draws[:, 0] != 2)) < 0.28  # eps 0.2 of 400 draws
+    assert explored.dtype == bool and arms.shape == (2,)
+
+
 def test_lose_shift_by_hand() -> None:
     """Stay after a reward at or above the threshold, else the next arm (cyclic); first pull uniform."""
     algo = LoseShift(threshold=0.0)
@@ -204,6 +224,7 @@ def test_lose_shift_beats_committing_on_ten_noisy_arms() -> None:
         ("ucb:c=abc", "c must be a number (got 'abc')"),
         ("ucb:c=-1", "c must be >= 0 (got -1.0)"),
         ("epsilon-greedy:eps=1.5", "eps must be in [0, 1] (got 1.5)"),
+        ("epsilon-greedy:untried=0.5", "untried must be 0 or 1 (got 0.5)"),
         ("linucb:lam=0", "lam must be > 0"),
         ("ucb:c", "expected key=value"),
     ],

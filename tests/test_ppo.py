@@ -316,7 +316,7 @@ def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
             elif last is not None:
                 assert m.content.count("Step=") == 1  # one history line
     assert low > 60 and 0.15 < moved / low < 0.45  # follow 0.3
-    assert set(DESIGNS) == {"commit", "knowing-doing", "best-summary"}
+    assert set(DESIGNS) == {"commit", "knowing-doing", "best-summary", "untried-copy"}
     with pytest.raises(TurnRLError, match="--design must be one of"):
         run_study(tmp_path, design="greedy")
     # the first design keeps its file names and step counts (its documented runs resume and reproduce)
@@ -443,6 +443,34 @@ def test_study_best_summary_design_collects_its_start_and_references(tmp_path: P
             words.setdefault(key, []).extend(m.content.split("\n")[0] for m in traj.messages if m.role == "assistant")
     assert {"Best.", "Other.", "Untried."} <= set(words["greedy"])
     assert words["explore-first"][:14] == ["Start.", *["Untried."] * 9, *["Best."] * 4]
+
+
+def test_study_untried_copy_design_explores_only_with_untried_labels(tmp_path: Path) -> None:
+    """The untried-copy design: the best-summary prompt and references, but the start's exploring
+    replies say ``Untried.`` and play a label the prompt lists as untried (never ``Other.`` while one
+    is left), about 30% of those steps; PPO discounts with gamma 0.5, all else as before."""
+    from turnrl.data.io import iter_trajectories
+    from turnrl.greedy_study import BEST_SUMMARY, UNTRIED_COPY, collect_bandit, plan_bandit
+
+    cfg = {**UNTRIED_COPY, "sft_episodes": 30, "bandit_env": {**UNTRIED_COPY["bandit_env"], "horizon": 12}}
+    plan = plan_bandit(tmp_path, 3, cfg)
+    assert [t[2][1].name for t in plan["ref_sft"]] == [t[2][1].name for t in plan_bandit(tmp_path, 3, BEST_SUMMARY)["ref_sft"]]
+    assert {t[2][3]["gamma"] for t in plan["rl"]} == {0.5} and {t[2][3]["exploration_bonus"] for t in plan["rl"]} == {0.0, 1.0}
+    assert {k: v for k, v in UNTRIED_COPY["ppo"].items() if k != "gamma"} == {
+        k: v for k, v in BEST_SUMMARY["ppo"].items() if k != "gamma"}
+    collect_bandit(tmp_path, cfg)
+    untried_states = untried_replies = 0
+    for traj in iter_trajectories(tmp_path / "data" / "greedy.jsonl"):
+        msgs = traj.messages[1:]
+        for user, reply in zip(msgs[2::2], msgs[3::2], strict=True):
+            listed = user.content.split("Untried: ")[1].split(".")[0].split(", ") if "Untried: " in user.content else []
+            word = reply.content.split("\n")[0]
+            if listed:
+                untried_states += 1
+                assert word in ("Best.", "Untried.")
+                untried_replies += word == "Untried."
+                assert (reply.action in listed) == (word == "Untried.")
+    assert untried_states > 200 and 0.2 < untried_replies / untried_states < 0.4
 
 
 def test_study_tictactoe_rlft_starts_from_minimax_sft_and_pairs_by_opponent_seed(tmp_path: Path) -> None:

@@ -7,14 +7,15 @@ at step 50) and on tic-tac-toe:
 * **greedy-like SFT**: SFT on a scripted policy's episodes (``greedy_policy``) with one-word
   rationales. The paper starts RLFT from pretrained LLMs that are greedy; this is the stand-in:
   with greedy decoding it commits to its first arm (coverage 0.1), while sampling at
-  temperature 1 still explores, so RLFT has something to reinforce. Three designs
+  temperature 1 still explores, so RLFT has something to reinforce. Four designs
   (:data:`DESIGNS`, ``--design``): ``commit`` (:data:`FULL`, measured 23-24 Nov) SFTs on
   epsilon-greedy (eps 0.3) with 3 history lines at lr 3e-3; ``knowing-doing``
   (:data:`KNOWING_DOING`) SFTs on a lose-shift policy that acts on its own ``Low.`` rationale
   only 30% of the time, with one history line at lr 1e-3, so the start knows when to move on
   and does not (the knowing-doing gap of seed 004); ``best-summary`` (:data:`BEST_SUMMARY`)
   shows no history line but the best and the untried arms (``summary=best``), so that both
-  exploiting and exploring are a label to copy. On tic-tac-toe the random-move SFT (an
+  exploiting and exploring are a label to copy; ``untried-copy`` (:data:`UNTRIED_COPY`) is that
+  prompt with a start whose exploring replies already copy an untried label. On tic-tac-toe the random-move SFT (an
   aimless player) is a reference row;
 * **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; the
   knowing-doing design adds the lose-shift SFT that always acts on its rationale; on
@@ -116,8 +117,21 @@ BEST_SUMMARY: dict[str, Any] = {
     "greedy_policy": "epsilon-greedy:eps=0.3", "sft_steps": 1500,
     "ref_policies": [("UCB SFT", "ucb", "ucb", 1500), ("explore-first SFT", "greedy:init=100", "explore-first", 1500)],
 }
+#: the fourth bandit design (27 Nov 2026, evening): the best-summary prompt, but a start that can already
+#: copy an untried label when it says ``Untried.``. In the best-summary run the start's epsilon-greedy data
+#: explored with a random arm, often a tried one, so ``Untried.`` never became a copy, and the bonus seed that
+#: learned to say it still played one label. Here the exploring step of the SFT data takes a random *untried*
+#: arm (``untried=1``), so both rationales are copies; with eps 0.3 greedy decoding still says ``Best.`` and
+#: stays on its first arm. PPO: the knowing-doing settings with gamma 0.5 instead of 0.95, because there the
+#: +1 bonus was small against Monte-Carlo returns of 20 noisy steps.
+UNTRIED_COPY: dict[str, Any] = {
+    **BEST_SUMMARY,
+    "greedy_policy": "epsilon-greedy:eps=0.3,untried=1",
+    "ppo": {**KNOWING_DOING["ppo"], "gamma": 0.5},
+}
 #: ``turnrl study greedy --design``: the bandit design (tic-tac-toe is the same in all)
-DESIGNS = {"commit": FULL, "knowing-doing": KNOWING_DOING, "best-summary": BEST_SUMMARY}
+DESIGNS = {"commit": FULL, "knowing-doing": KNOWING_DOING, "best-summary": BEST_SUMMARY,
+           "untried-copy": UNTRIED_COPY}
 FAST: dict[str, Any] = {
     "bandit_env": {"arms": ARMS, "noise": "medium", "horizon": 6, "context": 3},
     "greedy_policy": "epsilon-greedy:eps=0.3", "ppo_horizon": 4,
@@ -732,5 +746,5 @@ def _ttt_plot(t: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["BANDIT_INSTRUCTION", "BEST_SUMMARY", "DESIGNS", "KNOWING_DOING", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
+__all__ = ["BANDIT_INSTRUCTION", "BEST_SUMMARY", "DESIGNS", "KNOWING_DOING", "UNTRIED_COPY", "CompactBanditPolicy", "FAST", "FULL", "TTT_INSTRUCTION", "bandit_eval",
            "compact_thought", "report", "run_study", "ttt_eval"]

@@ -27,7 +27,8 @@ Definitions (t = pulls so far, n_a = pulls of arm a, m_a = their mean reward):
   initial estimates (it tries a new arm while every tried arm's mean is below 0);
   ``init=0.5`` (the mean of U(0, 1)) tries new arms until one looks better than average.
 - ``epsilon-greedy`` (``eps``, default 0.1; ``init`` as greedy): a uniformly random arm
-  with probability ``eps``, else greedy.
+  with probability ``eps``, else greedy. ``untried=1``: the exploring step takes a uniformly
+  random *untried* arm instead, and is greedy once every arm has been tried.
 - ``thompson``: Gaussian rewards: prior N(``prior_mean`` 0.5, ``prior_std`` 1) per arm and
   the env's noise ``sigma`` as known likelihood noise; posterior sample, argmax.
   Bernoulli rewards: Beta(1 + successes, 1 + failures).
@@ -197,20 +198,31 @@ class Greedy(Algorithm):
 
 class EpsilonGreedy(Greedy):
     name = "epsilon-greedy"
-    defaults = {"eps": 0.1, "init": -math.inf}
+    defaults = {"eps": 0.1, "init": -math.inf, "untried": 0.0}
 
     @property
     def eps(self) -> float:
         return float(self.params["eps"])
 
+    def _explore_mask(self, state: State, ctx: np.ndarray | None) -> np.ndarray:
+        """The arms an exploring step draws from, uniformly: every arm, or with ``untried`` the
+        untried ones (the greedy set of a row with none left)."""
+        if not self.params["untried"]:
+            return np.ones(state.counts.shape, dtype=bool)
+        untried = state.counts == 0
+        return np.where(untried.any(axis=-1, keepdims=True), untried, argmax_sets(self.scores(state, ctx)))
+
     def probs(self, state: State, ctx: np.ndarray | None = None) -> np.ndarray:
-        k = state.setting.arms
-        return self.eps / k + (1.0 - self.eps) * super().probs(state, ctx)
+        explore = uniform_over(self._explore_mask(state, ctx))
+        return self.eps * explore + (1.0 - self.eps) * super().probs(state, ctx)
 
     def choose(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         explore = rng.random(state.n) < self.eps
         greedy = random_argmax(self.scores(state, ctx), rng)
-        rand = rng.integers(0, state.setting.arms, size=state.n)
+        if self.params["untried"]:
+            rand = random_argmax(np.where(self._explore_mask(state, ctx), 0.0, -1.0), rng)
+        else:
+            rand = rng.integers(0, state.setting.arms, size=state.n)
         return np.where(explore, rand, greedy), explore
 
     def select(self, state: State, ctx: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
@@ -384,6 +396,8 @@ def _check(name: str, params: dict[str, float]) -> None:
     for key in ("eps", "follow"):
         if not 0.0 <= params.get(key, 0.0) <= 1.0:
             raise _param_error(name, key, params[key], "must be in [0, 1]")
+    if params.get("untried", 0.0) not in (0.0, 1.0):
+        raise _param_error(name, "untried", params["untried"], "must be 0 or 1")
     for key in ("prior_std", "lam"):
         if key in params and params[key] <= 0:
             raise _param_error(name, key, params[key], "must be > 0")

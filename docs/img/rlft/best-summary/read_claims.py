@@ -3,6 +3,8 @@ folder's evaluation files: per model regret@50, coverage@50, the per-instance di
 over the instances), the ``said`` counts; per row the Student-t CI over the seeds.
 
     python docs/img/rlft/best-summary/read_claims.py runs/bsd      # or docs/img/rlft/best-summary (its eval/)
+
+(It reads every seed a row has; the untried-copy design of the same evening uses it with 5.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def main(study: Path) -> None:
           f"said {start.get('said')} actions {start['actions_pct']}")
     for row in ("RLFT", "RLFT_plus_bonus"):
         regrets, coverages = [], []
-        for seed in range(3):
+        for seed in range(len(list(ev.glob(f"bandit-{row}-s*.json")))):
             path = ev / f"bandit-{row}-s{seed}.json"
             if not path.exists():
                 continue

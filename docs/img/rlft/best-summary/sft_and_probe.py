@@ -30,11 +30,13 @@ from turnrl.rollout.policies import Request
 ENV = {"arms": 10, "noise": "medium", "horizon": 50, "context": 0, "summary": "best"}
 
 
-def probe(model: Path, states: int = 120, env_opts: dict | None = None) -> dict[str, tuple[int, int]]:
+def probe(model: Path, states: int = 120, env_opts: dict | None = None, temperature: float = 0.0,
+          repeats: int = 1) -> dict[str, tuple[int, int]]:
     """Per rationale word: (replies, replies whose arm is right: the named best arm after
-    ``Best.``, an untried arm after ``Untried.``)."""
+    ``Best.``, an untried arm after ``Untried.``). ``repeats`` asks each state that many times
+    (sampled replies at ``temperature`` > 0)."""
     requests, best, untried = [], [], []
-    for i in range(states):
+    for i in [i for i in range(states) for _ in range(repeats)]:
         rng = random.Random(i)
         env = envs.make("bandit", **(env_opts or ENV))
         obs, _ = env.reset(options={"task_id": f"bandit-{100000 + i}"})
@@ -47,7 +49,7 @@ def probe(model: Path, states: int = 120, env_opts: dict | None = None) -> dict[
         msgs = [Message(role="system", content=g.BANDIT_INSTRUCTION), Message(role="user", content=obs)]
         requests.append(Request(env=env, messages=msgs, turn=0, valid_actions=env.labels, rng=rng))
     out: dict[str, tuple[int, int]] = {}
-    for reply, b, u in zip(g._model_policy(model, 16).act(requests), best, untried, strict=True):
+    for reply, b, u in zip(g._model_policy(model, 16, temperature).act(requests), best, untried, strict=True):
         word, _, action = reply.content.partition("\nACTION=")
         right = action.strip() == b if word.strip() == "Best." else action.strip() in u
         n, k = out.get(word.strip(), (0, 0))
