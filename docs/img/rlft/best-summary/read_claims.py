@@ -4,7 +4,8 @@ over the instances), the ``said`` counts; per row the Student-t CI over the seed
 
     python docs/img/rlft/best-summary/read_claims.py runs/bsd      # or docs/img/rlft/best-summary (its eval/)
 
-(It reads every seed a row has; the untried-copy design of the same evening uses it with 5.)
+(It reads every seed a row has, or the seeds listed after the folder: ``runs/ucd2 1,2,3`` for the
+untried-copy design's confirmatory test.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from turnrl.stats import mean_ci95
 
 
-def main(study: Path) -> None:
+def main(study: Path, only: list[int] | None = None) -> None:
     ev = study / "eval"
     start = json.loads((ev / "bandit-greedy-like_SFT-s0.json").read_text())
     start_regret = float(np.mean(start["final_regret"]))
@@ -26,7 +27,7 @@ def main(study: Path) -> None:
           f"said {start.get('said')} actions {start['actions_pct']}")
     for row in ("RLFT", "RLFT_plus_bonus"):
         regrets, coverages = [], []
-        for seed in range(len(list(ev.glob(f"bandit-{row}-s*.json")))):
+        for seed in only if only is not None else range(len(list(ev.glob(f"bandit-{row}-s*.json")))):
             path = ev / f"bandit-{row}-s{seed}.json"
             if not path.exists():
                 continue
@@ -44,4 +45,4 @@ def main(study: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else None)

@@ -1,0 +1,32 @@
+"""Run one PPO seed's two stages (RLFT and RLFT + bonus) of a greedy-study folder, one process each, exactly
+as ``turnrl study greedy`` plans them (used on 27 Nov 2026 to start seed 3 of the untried-copy design while the
+study ran seeds 0-2; PREREGISTERED-3.txt). Then ``turnrl study greedy ... --seeds 4`` evaluates it.
+
+    python docs/img/rlft/untried-copy/run_seed.py runs/ucd2 3
+"""
+
+from __future__ import annotations
+
+import sys
+from multiprocessing import get_context
+from pathlib import Path
+
+import turnrl.greedy_study as g
+
+
+def main() -> None:
+    out, seed = Path(sys.argv[1]), int(sys.argv[2])
+    plan = g.plan_bandit(out, seed + 1, g.UNTRIED_COPY)
+    tasks = [t for t in plan["rl"] if t[0].endswith(f"seed {seed}")]
+    assert len(tasks) == 2, tasks
+    procs = [get_context("spawn").Process(target=fn, args=args) for _, fn, args in tasks]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(p.exitcode)
+
+
+if __name__ == "__main__":
+    main()
