@@ -11,11 +11,11 @@ untried-copy design's confirmatory test.)
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from turnrl.errors import TurnRLError, run_script
 from turnrl.stats import mean_ci95
 
 
@@ -44,5 +44,13 @@ def main(study: Path, only: list[int] | None = None) -> None:
                   f"coverage {cm:.2f} [{clo:.2f}, {chi:.2f}]")
 
 
+def _cli(args: list[str]) -> None:
+    if not 1 <= len(args) <= 2:
+        raise ValueError("expected a study folder and optionally a seed list")
+    if not (Path(args[0]) / "eval" / "bandit-greedy-like_SFT-s0.json").is_file():
+        raise TurnRLError(f"{args[0]}: no eval/bandit-greedy-like_SFT-s0.json")
+    main(Path(args[0]), [int(s) for s in args[1].split(",")] if len(args) > 1 else None)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else None)
+    run_script(_cli, "read_claims.py STUDY_DIR [SEED,SEED,...]")

@@ -7,15 +7,19 @@ study ran seeds 0-2; PREREGISTERED-3.txt). Then ``turnrl study greedy ... --seed
 
 from __future__ import annotations
 
-import sys
 from multiprocessing import get_context
 from pathlib import Path
 
 import turnrl.greedy_study as g
+from turnrl.errors import TurnRLError, run_script
 
 
-def main() -> None:
-    out, seed = Path(sys.argv[1]), int(sys.argv[2])
+def main(args: list[str]) -> None:
+    if len(args) != 2:
+        raise ValueError("expected a study folder and a seed")
+    out, seed = Path(args[0]), int(args[1])
+    if not (out / "sft-greedy" / "model").is_dir():
+        raise TurnRLError(f"{out}: no sft-greedy/model (run the study's start first)")
     plan = g.plan_bandit(out, seed + 1, g.UNTRIED_COPY)
     tasks = [t for t in plan["rl"] if t[0].endswith(f"seed {seed}")]
     assert len(tasks) == 2, tasks
@@ -25,8 +29,8 @@ def main() -> None:
     for p in procs:
         p.join()
         if p.exitcode:
-            raise SystemExit(p.exitcode)
+            raise TurnRLError(f"a PPO run of seed {seed} exited with code {p.exitcode}")
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "run_seed.py STUDY_DIR SEED")

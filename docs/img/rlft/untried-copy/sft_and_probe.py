@@ -15,7 +15,6 @@ stages (``--design untried-copy``) into OUT, then, before any PPO run, what the 
 from __future__ import annotations
 
 import importlib.util
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 
 import turnrl.greedy_study as g
 from turnrl import envs
+from turnrl.errors import run_script
 
 _spec = importlib.util.spec_from_file_location("bs_probe", Path(__file__).parents[1] / "best-summary" / "sft_and_probe.py")
 assert _spec is not None and _spec.loader is not None
@@ -30,8 +30,10 @@ bs_probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bs_probe)
 
 
-def main() -> None:
-    out, cfg = Path(sys.argv[1]), g.UNTRIED_COPY
+def main(args: list[str]) -> None:
+    if len(args) != 1:
+        raise ValueError("expected one output folder")
+    out, cfg = Path(args[0]), g.UNTRIED_COPY
     env_opts = dict(cfg["bandit_env"])
     g.collect_bandit(out, cfg)
     print(f"SFT data: {g.check_budget(out / 'data' / 'greedy.jsonl', 16)} (budget check)")
@@ -48,4 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, "sft_and_probe.py OUT")
