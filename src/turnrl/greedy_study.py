@@ -15,8 +15,8 @@ at step 50) and on tic-tac-toe:
   and does not (the knowing-doing gap of seed 004); ``best-summary`` (:data:`BEST_SUMMARY`)
   shows no history line but the best and the untried arms (``summary=best``), so that both
   exploiting and exploring are a label to copy; ``untried-copy`` (:data:`UNTRIED_COPY`) is that
-  prompt with a start whose exploring replies already copy an untried label. On tic-tac-toe the random-move SFT (an
-  aimless player) is a reference row;
+  prompt with a start SFT'd on data whose exploring replies copy a listed untried label. On
+  tic-tac-toe the random-move SFT (an aimless player) is a reference row;
 * **UCB SFT / minimax SFT**: SFT on the expert's thought-cloning data (reference rows; the
   knowing-doing design adds the lose-shift SFT that always acts on its rationale; on
   tic-tac-toe the minimax SFT, 3 epochs on 100 games, has the answer format but still writes
@@ -117,8 +117,8 @@ BEST_SUMMARY: dict[str, Any] = {
     "greedy_policy": "epsilon-greedy:eps=0.3", "sft_steps": 1500,
     "ref_policies": [("UCB SFT", "ucb", "ucb", 1500), ("explore-first SFT", "greedy:init=100", "explore-first", 1500)],
 }
-#: the fourth bandit design (27 Nov 2026, evening): the best-summary prompt, but a start that can already
-#: copy an untried label when it says ``Untried.``. In the best-summary run the start's epsilon-greedy data
+#: the fourth bandit design (27 Nov 2026, evening): the best-summary prompt, but a start SFT'd on data in
+#: which ``Untried.`` always copies a listed untried label. In the best-summary run the start's epsilon-greedy data
 #: explored with a random arm, often a tried one, so ``Untried.`` never became a copy, and the bonus seed that
 #: learned to say it still played one label. Here the exploring step of the SFT data takes a random *untried*
 #: arm (``untried=1``), so both rationales are copies; with eps 0.3 greedy decoding still says ``Best.`` and
