@@ -21,8 +21,7 @@ def main(args: list[str]) -> None:
     if not (out / "sft-greedy" / "model").is_dir():
         raise TurnRLError(f"{out}: no sft-greedy/model (run the study's start first)")
     plan = g.plan_bandit(out, seed + 1, g.UNTRIED_COPY)
-    tasks = [t for t in plan["rl"] if t[0].endswith(f"seed {seed}")]
-    assert len(tasks) == 2, tasks
+    tasks = [t for t in plan["rl"] if t[2][3]["seed"] == seed]  # (name, fn, (model, env, out, settings))
     procs = [get_context("spawn").Process(target=fn, args=args) for _, fn, args in tasks]
     for p in procs:
         p.start()
