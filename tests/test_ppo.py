@@ -316,13 +316,33 @@ def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:
             elif last is not None:
                 assert m.content.count("Step=") == 1  # one history line
     assert low > 60 and 0.15 < moved / low < 0.45  # follow 0.3
-    assert set(DESIGNS) == {"commit", "knowing-doing", "best-summary", "untried-copy"}
+    assert set(DESIGNS) == {"commit", "knowing-doing", "best-summary", "untried-copy", "narrow-gap"}
     with pytest.raises(TurnRLError, match="--design must be one of"):
         run_study(tmp_path, design="greedy")
     # the first design keeps its file names and step counts (its documented runs resume and reproduce)
     first = plan_bandit(tmp_path / "commit", 3, DESIGNS["commit"])
     assert [(t[2][0].name, t[2][1].name, t[2][2]) for t in first["ref_sft"]] == [("ucb.jsonl", "sft-ucb", 60)]
     assert list(first["evals"]) == ["untrained", "greedy-like SFT", "UCB SFT", "RLFT", "RLFT + bonus"]
+
+
+def test_study_narrow_gap_design_moves_on_after_about_45_percent_of_low_rewards(tmp_path: Path) -> None:
+    """The narrow-gap design: the knowing-doing design whose start moves on after about 45% of its
+    ``Low.`` rationales (still under one half, so greedy decoding repeats the arm), with the PPO lr
+    constant after the warm-up; everything else as the knowing-doing design."""
+    from turnrl.data.io import iter_trajectories
+    from turnrl.greedy_study import KNOWING_DOING, NARROW_GAP, collect_bandit, plan_bandit
+
+    assert {k: v for k, v in NARROW_GAP.items() if k not in ("greedy_policy", "ppo")} == {
+        k: v for k, v in KNOWING_DOING.items() if k not in ("greedy_policy", "ppo")}
+    assert NARROW_GAP["ppo"] == {**KNOWING_DOING["ppo"], "lr_schedule": "constant"}
+    cfg = {**NARROW_GAP, "sft_episodes": 60, "bandit_env": {**NARROW_GAP["bandit_env"], "horizon": 30}}
+    assert {t[2][3]["lr_schedule"] for t in plan_bandit(tmp_path, 2, cfg)["rl"]} == {"constant"}
+    collect_bandit(tmp_path, cfg)
+    decisions = []
+    for traj in iter_trajectories(tmp_path / "data" / "greedy.jsonl"):
+        acts = [m for m in traj.messages if m.role == "assistant"]
+        decisions += [b.action != a.action for a, b in zip(acts, acts[1:]) if b.content.startswith("Low.")]
+    assert len(decisions) > 150 and 0.35 < sum(decisions) / len(decisions) < 0.55  # follow 0.45, not 0.3
 
 
 def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path, monkeypatch) -> None:

@@ -40,11 +40,12 @@ def _value(text: str) -> Any:
 
 
 def run(out: Path, changes: dict[str, Any], rows: tuple[str, ...], seeds: list[int], summary_name: str,
-        design: str) -> dict[str, Any]:
-    """Train ``rows`` x ``seeds`` with the PPO settings changed by ``changes``, read them and the start on
-    the 500 fresh instances; returns (and writes to ``OUT/summary_name``) the summary."""
-    cfg = {**gs.KNOWING_DOING, "ppo": {**gs.KNOWING_DOING["ppo"], **changes}}
-    ids = [f"bandit-{i}" for i in range(300000, 300500)]
+        design: str, base: dict[str, Any] = gs.KNOWING_DOING, first: int = 300000) -> dict[str, Any]:
+    """Train ``rows`` x ``seeds`` from ``base``'s start with its PPO settings changed by ``changes``, read
+    them and the start on the 500 instances from ``bandit-<first>``; returns (and writes to
+    ``OUT/summary_name``) the summary."""
+    cfg = {**base, "ppo": {**base["ppo"], **changes}}
+    ids = [f"bandit-{i}" for i in range(first, first + 500)]
     models = {label: [f"{TAGS[label]}-s{s}" for s in seeds] for label in rows}
     every = ["sft-greedy", *(m for ms in models.values() for m in ms)]
     parts = out / "eval-500"

@@ -1,0 +1,81 @@
+"""The narrow-gap bandit design of issue 8 (27 Nov 2026, night; PREREGISTERED.txt beside this script).
+
+Two stages, each resumable (a finished stage's output is reused):
+
+    python docs/img/rlft/narrow-gap/run.py start OUT FOLLOW
+    python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...]
+
+``start`` writes the start's data and SFT into OUT (``gs.NARROW_GAP`` with ``follow`` = FOLLOW) and reads it
+greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
+last arm, with the pre-registered gate (coverage@50 at most 0.20 and ``Low.`` acted on at most 10%: the start
+commits although its rationale says to move on). ``rl`` trains RLFT and RLFT + bonus for the given seeds from
+that start and reads them and the start on the 500 instances ``bandit-500000`` .. ``bandit-500499`` (no
+earlier run has used them), through the knowing-doing scripts' functions; it writes ``OUT/narrow-gap.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "knowing-doing"))
+
+from ppo_variant import run as run_variant  # noqa: E402
+
+from turnrl import greedy_study as gs  # noqa: E402
+from turnrl.errors import run_script  # noqa: E402
+from turnrl.pipelines.iterative import check_settings  # noqa: E402
+
+FIRST = 500000  # the 500 instances of the test
+
+
+def config(follow: float) -> tuple[str, dict[str, Any]]:
+    """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow``."""
+    if not 0.0 < follow < 0.5:
+        raise ValueError(f"FOLLOW must lie in (0, 0.5), so that greedy decoding repeats the arm, not {follow}")
+    cfg = {**gs.NARROW_GAP, "greedy_policy": f"lose-shift:threshold=-0.5,follow={follow:g}"}
+    return ("narrow-gap" if cfg == gs.NARROW_GAP else f"narrow-gap, follow={follow:g}"), cfg
+
+
+def start(out: Path, follow: float) -> dict[str, Any]:
+    """The start's data, SFT and greedy reading on the study's 50 instances, with the gate."""
+    design, cfg = config(follow)
+    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, {"design": design, "config": cfg})
+    gs.collect_bandit(out, cfg)
+    plan = gs.plan_bandit(out, 1, cfg)
+    pool = gs._Pool(1, lambda s: print(s, flush=True))
+    try:
+        pool.run(plan["sft"])
+        pool.run(plan["evals"]["greedy-like SFT"])
+    finally:
+        pool.close()
+    r = json.loads(Path(plan["evals"]["greedy-like SFT"][0][2][0]).read_text())
+    res = {"follow": follow, "regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
+           "low_replies": r.get("low_replies", 0), "moves_on_low": r.get("moves_on_low") or 0.0}
+    res["gate"] = bool(res["coverage"] <= 0.20 and res["moves_on_low"] <= 0.10)
+    print(f"start (follow {follow:g}) on the 50 instances: regret@50 {res['regret']:.2f}, coverage@50 "
+          f"{res['coverage']:.2f}, Low. acted on {res['moves_on_low']:.0%} of {res['low_replies']}; gate "
+          f"{'passed' if res['gate'] else 'FAILED'}")
+    (out / "start.json").write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def main(args: list[str]) -> None:
+    if len(args) < 3 or args[0] not in ("start", "rl") or (args[0] == "rl" and len(args) < 4):
+        raise ValueError("missing or unknown arguments")
+    out, follow = Path(args[1]), float(args[2])
+    if args[0] == "start":
+        start(out, follow)
+        return
+    design, cfg = config(follow)
+    run_variant(out, {}, ("RLFT + bonus", "RLFT"), [int(s) for s in args[3:]], "narrow-gap.json", design,
+                base=cfg, first=FIRST)
+
+
+if __name__ == "__main__":  # the pool's workers are spawned and import this file
+    run_script(main, "run.py start OUT FOLLOW | run.py rl OUT FOLLOW SEED [SEED ...]")
