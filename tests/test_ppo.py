@@ -341,7 +341,7 @@ def test_study_narrow_gap_design_moves_on_after_about_45_percent_of_low_rewards(
     decisions = []
     for traj in iter_trajectories(tmp_path / "data" / "greedy.jsonl"):
         acts = [m for m in traj.messages if m.role == "assistant"]
-        decisions += [b.action != a.action for a, b in zip(acts, acts[1:]) if b.content.startswith("Low.")]
+        decisions += [b.action != a.action for a, b in zip(acts[:-1], acts[1:], strict=True) if b.content.startswith("Low.")]
     assert len(decisions) > 150 and 0.35 < sum(decisions) / len(decisions) < 0.55  # follow 0.45, not 0.3
 
 
