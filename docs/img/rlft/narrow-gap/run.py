@@ -3,12 +3,13 @@
 Two stages, each resumable (a finished stage's output is reused):
 
     python docs/img/rlft/narrow-gap/run.py start OUT FOLLOW
-    python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...]
+    python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]
 
 ``start`` writes the start's data and SFT into OUT (``gs.NARROW_GAP`` with ``follow`` = FOLLOW) and reads it
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
 last arm, with the pre-registered gate (coverage@50 at most 0.20 and ``Low.`` acted on at most 10%: the start
-commits although its rationale says to move on). ``rl`` trains RLFT and RLFT + bonus for the given seeds from
+commits although its rationale says to move on). ``rl`` trains RLFT and RLFT + bonus (with ``rows=bonus``, RLFT +
+bonus only) for the given seeds from
 that start and reads them and the start on the 500 instances ``bandit-500000`` .. ``bandit-500499`` (no
 earlier run has used them), through the knowing-doing scripts' functions; it writes ``OUT/narrow-gap.json``.
 """
@@ -73,9 +74,10 @@ def main(args: list[str]) -> None:
         start(out, follow)
         return
     design, cfg = config(follow)
-    run_variant(out, {}, ("RLFT + bonus", "RLFT"), [int(s) for s in args[3:]], "narrow-gap.json", design,
+    rows = ("RLFT + bonus",) if "rows=bonus" in args else ("RLFT + bonus", "RLFT")
+    run_variant(out, {}, rows, [int(s) for s in args[3:] if s != "rows=bonus"], "narrow-gap.json", design,
                 base=cfg, first=FIRST)
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    run_script(main, "run.py start OUT FOLLOW | run.py rl OUT FOLLOW SEED [SEED ...]")
+    run_script(main, "run.py start OUT FOLLOW | run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]")
