@@ -4,6 +4,7 @@ Two stages, each resumable (a finished stage's output is reused):
 
     python docs/img/rlft/narrow-gap/run.py start OUT FOLLOW
     python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]
+    python docs/img/rlft/narrow-gap/run.py all OUT FOLLOW SEED [SEED ...] [rows=bonus]   # both, if the gate passes
 
 ``start`` writes the start's data and SFT into OUT (``gs.NARROW_GAP`` with ``follow`` = FOLLOW) and reads it
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "knowing-doing")
 from ppo_variant import run as run_variant  # noqa: E402
 
 from turnrl import greedy_study as gs  # noqa: E402
-from turnrl.errors import run_script  # noqa: E402
+from turnrl.errors import TurnRLError, run_script  # noqa: E402
 from turnrl.pipelines.iterative import check_settings  # noqa: E402
 
 FIRST = 500000  # the 500 instances of the test
@@ -67,12 +68,15 @@ def start(out: Path, follow: float) -> dict[str, Any]:
 
 
 def main(args: list[str]) -> None:
-    if len(args) < 3 or args[0] not in ("start", "rl") or (args[0] == "rl" and len(args) < 4):
+    if len(args) < 3 or args[0] not in ("start", "rl", "all") or (args[0] != "start" and len(args) < 4):
         raise ValueError("missing or unknown arguments")
     out, follow = Path(args[1]), float(args[2])
-    if args[0] == "start":
-        start(out, follow)
-        return
+    if args[0] != "rl":
+        gate = start(out, follow)["gate"]
+        if args[0] == "start":
+            return
+        if not gate:
+            raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
     design, cfg = config(follow)
     rows = ("RLFT + bonus",) if "rows=bonus" in args else ("RLFT + bonus", "RLFT")
     run_variant(out, {}, rows, [int(s) for s in args[3:] if s != "rows=bonus"], "narrow-gap.json", design,
@@ -80,4 +84,4 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    run_script(main, "run.py start OUT FOLLOW | run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]")
+    run_script(main, "run.py start OUT FOLLOW | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus]")
