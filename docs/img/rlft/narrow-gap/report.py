@@ -20,10 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "knowing-doing")
 from eval_more_instances import eval_tasks  # noqa: E402
 
 from turnrl import greedy_study as gs  # noqa: E402
-from turnrl.errors import (
-    TurnRLError,  # noqa: E402
-    run_script,  # noqa: E402
-)
+from turnrl.errors import TurnRLError, run_script  # noqa: E402
 
 ROWS = {"greedy-like SFT": "sft-greedy", "RLFT": "rlft-s", "RLFT + bonus": "rlft-bonus-s"}
 

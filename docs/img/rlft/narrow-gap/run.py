@@ -1,6 +1,6 @@
 """The narrow-gap bandit design of issue 8 (27 Nov 2026, night; PREREGISTERED.txt beside this script).
 
-Two stages, each resumable (a finished stage's output is reused):
+Two stages, each resumable (a finished stage's output is reused), and both in one command:
 
     python docs/img/rlft/narrow-gap/run.py start OUT FOLLOW
     python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]
@@ -10,9 +10,9 @@ Two stages, each resumable (a finished stage's output is reused):
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
 last arm, with the pre-registered gate (coverage@50 at most 0.20 and ``Low.`` acted on at most 10%: the start
 commits although its rationale says to move on). ``rl`` trains RLFT and RLFT + bonus (with ``rows=bonus``, RLFT +
-bonus only) for the given seeds from
-that start and reads them and the start on the 500 instances ``bandit-500000`` .. ``bandit-500499`` (no
-earlier run has used them), through the knowing-doing scripts' functions; it writes ``OUT/narrow-gap.json``.
+bonus only) for the given seeds from that start and reads them and the start on the 500 instances
+``bandit-500000`` .. ``bandit-500499`` (no earlier run has used them), through the knowing-doing scripts'
+functions; it writes ``OUT/narrow-gap.json``. ``all`` runs ``start`` and, if the gate passes, ``rl``.
 """
 
 from __future__ import annotations
