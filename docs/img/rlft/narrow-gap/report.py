@@ -33,13 +33,11 @@ def main(args: list[str]) -> None:
     if not (parts / "sft-greedy.json").is_file():
         raise TurnRLError(f"{parts / 'sft-greedy.json'}: no reading of the start (run run.py rl first)")
     models = {label: sorted(p.stem for p in parts.glob(f"{prefix}*.json")) for label, prefix in ROWS.items()}
-    models["RLFT"] = [m for m in models["RLFT"] if not m.startswith("rlft-bonus")]
     models = {label: ms for label, ms in models.items() if ms}
     seeds = max(len(ms) for ms in models.values())
     tasks = {label: eval_tasks(study, parts, ms, []) for label, ms in models.items()}
     cfg: dict[str, Any] = {**gs.NARROW_GAP, "instances": 500}
-    gs.report({"bandit": {**gs.aggregate_bandit(parts, seeds, cfg, tasks), "env": cfg["bandit_env"],
-                          "instances_per_seed": 500, "seeds": seeds}}, docs)
+    gs.report({"bandit": gs.aggregate_bandit(parts, seeds, cfg, tasks)}, docs)
     (docs / "eval-500").mkdir(parents=True, exist_ok=True)
     for ms in models.values():
         for m in ms:
