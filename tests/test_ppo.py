@@ -345,6 +345,24 @@ def test_study_narrow_gap_design_moves_on_after_about_45_percent_of_low_rewards(
     assert len(decisions) > 150 and 0.35 < sum(decisions) / len(decisions) < 0.55  # follow 0.45, not 0.3
 
 
+def test_study_start_seed_draws_another_start_of_the_same_design(tmp_path: Path) -> None:
+    """``start_seed`` seeds the bandit part's data and SFTs: the same seed gives the same data, another seed
+    other data (other train instances and draws) and SFTs seeded by it; absent, it is 0 (the folders made
+    before it resume unchanged)."""
+    from turnrl.greedy_study import NARROW_GAP, collect_bandit, plan_bandit
+
+    cfg = {**NARROW_GAP, "sft_episodes": 8, "bandit_env": {**NARROW_GAP["bandit_env"], "horizon": 10}}
+    data = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2), ("d", None)):
+        run_cfg = cfg if seed is None else {**cfg, "start_seed": seed}
+        collect_bandit(tmp_path / name, run_cfg)
+        data[name] = (tmp_path / name / "data" / "greedy.jsonl").read_bytes()
+        sft_seeds = {t[2][5] for t in plan_bandit(tmp_path / name, 1, run_cfg)["sft"] + plan_bandit(
+            tmp_path / name, 1, run_cfg)["ref_sft"]}
+        assert sft_seeds == {seed or 0}
+    assert data["a"] == data["b"] and data["a"] != data["c"] and data["d"] not in (data["a"], data["c"])
+
+
 def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path, monkeypatch) -> None:
     """A study folder remembers its design and settings (the pipelines' ``settings.json``): another
     design, or changed settings, is a one-line error naming the folder and the changed keys, not a

@@ -463,10 +463,11 @@ def plan_bandit(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
               **{label: [str(out / f"sft-{key}" / "model")] * seeds for label, _, key, _ in refs},
               "RLFT": [str(out / f"rlft-s{s}" / "model") for s in range(seeds)],
               "RLFT + bonus": [str(out / f"rlft-bonus-s{s}" / "model") for s in range(seeds)]}
+    seed = cfg.get("start_seed", 0)
     sft = [("bandit SFT greedy", _sft, (out / "data" / "greedy.jsonl", out / "sft-greedy", cfg["sft_steps"],
-                                        cfg["sft_lr"], cfg["sft_batch"]))]
+                                        cfg["sft_lr"], cfg["sft_batch"], seed))]
     sft += [(f"bandit {label}", _sft, (out / "data" / f"{key}.jsonl", out / f"sft-{key}", steps, cfg["sft_lr"],
-                                       cfg["sft_batch"])) for label, _, key, steps in refs]
+                                       cfg["sft_batch"], seed)) for label, _, key, steps in refs]
     rl = []
     for s in range(seeds):
         for label, bonus, tag in (("RLFT", 0.0, "rlft"), ("RLFT + bonus", 1.0, "rlft-bonus")):
@@ -485,14 +486,17 @@ def plan_bandit(out: Path, seeds: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect_bandit(out: Path, cfg: dict[str, Any]) -> None:
+    """The bandit part's SFT data. ``cfg["start_seed"]`` (0 when absent, so the documented study folders
+    resume unchanged) seeds its train instances and the scripted policies' draws, and :func:`plan_bandit`'s
+    SFTs: another ``start_seed`` is another greedy-like start of the same design."""
     env_opts = dict(cfg["bandit_env"])
     (out / "data").mkdir(parents=True, exist_ok=True)
+    seed = cfg.get("start_seed", 0)
     _collect(CompactBanditPolicy(cfg["greedy_policy"]), "bandit", env_opts, BANDIT_INSTRUCTION,
-             out / "data" / "greedy.jsonl",
-             cfg["sft_episodes"])
+             out / "data" / "greedy.jsonl", cfg["sft_episodes"], seed=seed)
     for _, spec, key, _ in ref_policies(cfg):
         _collect(CompactBanditPolicy(spec), "bandit", env_opts, BANDIT_INSTRUCTION, out / "data" / f"{key}.jsonl",
-                 cfg["sft_episodes"])
+                 cfg["sft_episodes"], seed=seed)
     for key in ["greedy", *(r[2] for r in ref_policies(cfg))]:
         check_budget(out / "data" / f"{key}.jsonl", cfg["ppo"]["max_new_tokens"])
 

@@ -6,6 +6,9 @@ Two stages, each resumable (a finished stage's output is reused), and both in on
     python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]
     python docs/img/rlft/narrow-gap/run.py all OUT FOLLOW SEED [SEED ...] [rows=bonus]   # both, if the gate passes
 
+``start=S`` (any stage) makes another start of the design: its data and SFT are seeded by S (``start_seed``;
+the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt).
+
 ``start`` writes the start's data and SFT into OUT (``gs.NARROW_GAP`` with ``follow`` = FOLLOW) and reads it
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
 last arm, with the pre-registered gate (coverage@50 at most 0.20 and ``Low.`` acted on at most 10%: the start
@@ -35,17 +38,21 @@ from turnrl.pipelines.iterative import check_settings  # noqa: E402
 FIRST = 500000  # the 500 instances of the test
 
 
-def config(follow: float) -> tuple[str, dict[str, Any]]:
-    """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow``."""
+def config(follow: float, start_seed: int = 0) -> tuple[str, dict[str, Any]]:
+    """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow`` and
+    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts)."""
     if not 0.0 < follow < 0.5:
         raise ValueError(f"FOLLOW must lie in (0, 0.5), so that greedy decoding repeats the arm, not {follow}")
     cfg = {**gs.NARROW_GAP, "greedy_policy": f"lose-shift:threshold=-0.5,follow={follow:g}"}
-    return ("narrow-gap" if cfg == gs.NARROW_GAP else f"narrow-gap, follow={follow:g}"), cfg
+    if start_seed:
+        cfg["start_seed"] = start_seed
+    name = "narrow-gap" if cfg["greedy_policy"] == gs.NARROW_GAP["greedy_policy"] else f"narrow-gap, follow={follow:g}"
+    return name + (f", start={start_seed}" if start_seed else ""), cfg
 
 
-def start(out: Path, follow: float) -> dict[str, Any]:
+def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
     """The start's data, SFT and greedy reading on the study's 50 instances, with the gate."""
-    design, cfg = config(follow)
+    design, cfg = config(follow, start_seed)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, {"design": design, "config": cfg})
     gs.collect_bandit(out, cfg)
@@ -57,7 +64,7 @@ def start(out: Path, follow: float) -> dict[str, Any]:
     finally:
         pool.close()
     r = json.loads(Path(plan["evals"]["greedy-like SFT"][0][2][0]).read_text())
-    res = {"follow": follow, "regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
+    res = {"follow": follow, "start_seed": start_seed, "regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
            "low_replies": r.get("low_replies", 0), "moves_on_low": r.get("moves_on_low") or 0.0}
     res["gate"] = bool(res["coverage"] <= 0.20 and res["moves_on_low"] <= 0.10)
     print(f"start (follow {follow:g}) on the 50 instances: regret@50 {res['regret']:.2f}, coverage@50 "
@@ -71,17 +78,22 @@ def main(args: list[str]) -> None:
     if len(args) < 3 or args[0] not in ("start", "rl", "all") or (args[0] != "start" and len(args) < 4):
         raise ValueError("missing or unknown arguments")
     out, follow = Path(args[1]), float(args[2])
+    options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
+    if set(options) - {"rows", "start"} or options.get("rows", "bonus") != "bonus":
+        raise ValueError(f"unknown option {next(f'{k}={v}' for k, v in options.items() if k != 'start')}")
+    start_seed = int(options.get("start", 0))
     if args[0] != "rl":
-        gate = start(out, follow)["gate"]
+        gate = start(out, follow, start_seed)["gate"]
         if args[0] == "start":
             return
         if not gate:
             raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
-    design, cfg = config(follow)
-    rows = ("RLFT + bonus",) if "rows=bonus" in args else ("RLFT + bonus", "RLFT")
-    run_variant(out, {}, rows, [int(s) for s in args[3:] if s != "rows=bonus"], "narrow-gap.json", design,
+    design, cfg = config(follow, start_seed)
+    rows = ("RLFT + bonus",) if "rows" in options else ("RLFT + bonus", "RLFT")
+    run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], "narrow-gap.json", design,
                 base=cfg, first=FIRST)
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    run_script(main, "run.py start OUT FOLLOW | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus]")
+    run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus] "
+                     "[start=S]")
