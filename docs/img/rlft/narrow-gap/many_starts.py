@@ -1,0 +1,157 @@
+"""The narrow-gap design across new starts (issue 8; MANY-STARTS.txt beside this script): the test and its report.
+
+    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR
+
+Reads every ``STUDY_ROOT/start-S/`` that ``run.py all ... start=S`` wrote: ``start.json`` (the gate) and, for a
+start that passed it and finished, ``narrow-gap.json`` (the start and its RLFT + bonus model on the 500
+instances). Prints and writes ``DOCS_DIR/many-starts.md`` (a row a start and the two pre-registered tests, S1
+and S2), ``DOCS_DIR/many-starts.json`` and ``DOCS_DIR/many-starts.png``, and copies each start's ``start.json``
+and evaluations to ``DOCS_DIR/start-S/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from turnrl.errors import TurnRLError, run_script
+from turnrl.stats import mean_ci95
+
+MODEL = "rlft-bonus-s0"  # the one RLFT + bonus run of each start (PPO seed 0)
+MIN_STARTS = 4  # fewer starts reaching the test: it is not run (MANY-STARTS.txt)
+
+
+def read_start(folder: Path) -> dict[str, Any]:
+    """One start: its gate and, when it reached the test, both models' readings on the 500 instances."""
+    gate = json.loads((folder / "start.json").read_text())
+    row: dict[str, Any] = {"start_seed": gate.get("start_seed", 0), "gate": gate["gate"],
+                           "gate_coverage": gate["coverage"], "gate_low_acted_on": gate["moves_on_low"]}
+    summary = folder / "narrow-gap.json"
+    if not summary.is_file():
+        row["status"] = "failed the gate" if not gate["gate"] else "not run (cut-off)"
+        return row
+    s = json.loads(summary.read_text())
+    start = json.loads((folder / "eval-500" / "sft-greedy.json").read_text())
+    d, lo, hi = s[MODEL]["minus_start"]
+    row.update(status="tested", start_regret=s["sft-greedy"]["regret"], start_coverage=s["sft-greedy"]["coverage"],
+               start_low_acted_on=start.get("moves_on_low") or 0.0, regret=s[MODEL]["regret"],
+               coverage=s[MODEL]["coverage"], low_acted_on=s[MODEL]["moves_on_low"] or 0.0, minus_start=[d, lo, hi])
+    return row
+
+
+def ci(values: list[float]) -> list[float]:
+    mean, (lo, hi) = mean_ci95(values)
+    return [mean, lo, hi]
+
+
+def test(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """S1: the per-start differences' CI entirely below 0; S2: the bonus rows' regret CI entirely below the
+    starts' (both Student t across the starts that reached the test)."""
+    tested = [r for r in rows if r["status"] == "tested"]
+    out: dict[str, Any] = {"starts_tested": len(tested), "starts_drawn": len(rows),
+                           "gate_passed": sum(r["gate"] for r in rows)}
+    if len(tested) < MIN_STARTS:
+        out["verdict"] = f"not run: {len(tested)} starts reached the test, {MIN_STARTS} are needed"
+        return out
+    out["difference"] = ci([r["minus_start"][0] for r in tested])
+    out["start_regret"] = ci([r["start_regret"] for r in tested])
+    out["bonus_regret"] = ci([r["regret"] for r in tested])
+    out["start_coverage"] = ci([r["start_coverage"] for r in tested])
+    out["bonus_coverage"] = ci([r["coverage"] for r in tested])
+    out["S1"] = out["difference"][2] < 0
+    out["S2"] = out["bonus_regret"][2] < out["start_regret"][1]
+    out["below_start"] = sum(r["minus_start"][2] < 0 for r in tested)
+    out["verdict"] = "shown for the design" if out["S1"] and out["S2"] else "not shown"
+    return out
+
+
+def table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
+    f = "{:.2f}".format
+    lines = ["| start seed | gate: coverage@50, `Low.` acted on (50 instances) | start: regret@50, coverage@50 | "
+             "RLFT + bonus: regret@50, coverage@50, `Low.` acted on | minus the start [95% CI over instances] |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        gate = f"{f(r['gate_coverage'])}, {r['gate_low_acted_on']:.0%} ({'passed' if r['gate'] else 'failed'})"
+        if r["status"] != "tested":
+            lines.append(f"| {r['start_seed']} | {gate} | {r['status']} | | |")
+            continue
+        d, lo, hi = r["minus_start"]
+        lines.append(f"| {r['start_seed']} | {gate} | {f(r['start_regret'])}, {f(r['start_coverage'])} | "
+                     f"{f(r['regret'])}, {f(r['coverage'])}, {r['low_acted_on']:.0%} | "
+                     f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
+    lines.append("")
+    lines.append(f"Starts drawn {result['starts_drawn']}, passed the gate {result['gate_passed']}, "
+                 f"reached the test {result['starts_tested']}.")
+    if "difference" in result:
+        def span(key: str) -> str:
+            m, lo, hi = result[key]
+            return f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
+        d, lo, hi = result["difference"]
+        lines += ["",
+                  f"- (S1) RLFT + bonus minus its start, across starts: {d:+.2f} [{lo:+.2f}, {hi:+.2f}]: "
+                  f"{'holds' if result['S1'] else 'fails'}.",
+                  f"- (S2) regret@50 across starts: RLFT + bonus {span('bonus_regret')} against the starts' "
+                  f"{span('start_regret')}: {'holds' if result['S2'] else 'fails'}.",
+                  f"- Coverage@50 across starts: RLFT + bonus {span('bonus_coverage')} against the starts' "
+                  f"{span('start_coverage')}.",
+                  f"- Starts whose RLFT + bonus model is below them with a per-instance CI below 0: "
+                  f"{result['below_start']} of {result['starts_tested']}."]
+    lines += ["", f"Verdict: {result['verdict']}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tested = [r for r in rows if r["status"] == "tested"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    x = [r["start_seed"] for r in tested]
+    ax.scatter(x, [r["start_regret"] for r in tested], marker="s", color="grey", label="the start (greedy-like SFT)")
+    ax.errorbar(x, [r["regret"] for r in tested],
+                yerr=[[-r["minus_start"][1] + r["minus_start"][0] for r in tested],
+                      [r["minus_start"][2] - r["minus_start"][0] for r in tested]],
+                fmt="o", color="tab:blue", capsize=3, label="RLFT + bonus (95% CI of the difference)")
+    ax.set_xticks(x)
+    ax.set_xlabel("start seed")
+    ax.set_ylabel("regret@50 (500 instances)")
+    ax.set_title("Narrow-gap design: one RLFT + bonus run per start")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(args: list[str]) -> None:
+    if len(args) != 2:
+        raise ValueError("missing or extra arguments")
+    root, docs = Path(args[0]), Path(args[1])
+    folders = sorted((p for p in root.glob("start-*") if (p / "start.json").is_file()),
+                     key=lambda p: int(p.name.split("-", 1)[1]))
+    if not folders:
+        raise TurnRLError(f"{root}: no start-S/start.json (run run.py all ... start=S first)")
+    rows = [read_start(p) for p in folders]
+    result = test(rows)
+    docs.mkdir(parents=True, exist_ok=True)
+    text = table(rows, result)
+    (docs / "many-starts.md").write_text(text)
+    (docs / "many-starts.json").write_text(json.dumps({"starts": rows, "test": result}, indent=1) + "\n")
+    if result["starts_tested"]:
+        plot(rows, docs / "many-starts.png")
+    for p, r in zip(folders, rows, strict=True):
+        target = docs / p.name
+        target.mkdir(exist_ok=True)
+        shutil.copyfile(p / "start.json", target / "start.json")
+        if r["status"] == "tested":
+            for name in ("sft-greedy", MODEL):
+                shutil.copyfile(p / "eval-500" / f"{name}.json", target / f"eval-500-{name}.json")
+            shutil.copyfile(p / MODEL / "metrics.jsonl", target / f"{MODEL}-metrics.jsonl")
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR")
