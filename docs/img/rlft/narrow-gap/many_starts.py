@@ -16,6 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from turnrl.errors import TurnRLError, run_script
 from turnrl.stats import mean_ci95
 
@@ -30,11 +32,16 @@ def read_start(folder: Path) -> dict[str, Any]:
                            "gate_coverage": gate["coverage"], "gate_low_acted_on": gate["moves_on_low"]}
     summary = folder / "narrow-gap.json"
     if not summary.is_file():
-        row["status"] = "failed the gate" if not gate["gate"] else "not run (cut-off)"
+        row["status"] = "failed the gate" if not gate["gate"] else "not finished by the cut-off"
         return row
     s = json.loads(summary.read_text())
     start = json.loads((folder / "eval-500" / "sft-greedy.json").read_text())
     d, lo, hi = s[MODEL]["minus_start"]
+    rollouts = [json.loads(line) for line in (folder / MODEL / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [m for m in rollouts if "rollout/coverage" in m]
+    row["rollout_coverage"] = [float(np.mean([m["rollout/coverage"] for m in part]))
+                               for part in (rollouts[:5], rollouts[-5:])]
+    row["rollout_invalid_max"] = max(m["rollout/invalid"] for m in rollouts)
     row.update(status="tested", start_regret=s["sft-greedy"]["regret"], start_coverage=s["sft-greedy"]["coverage"],
                start_low_acted_on=start.get("moves_on_low") or 0.0, regret=s[MODEL]["regret"],
                coverage=s[MODEL]["coverage"], low_acted_on=s[MODEL]["moves_on_low"] or 0.0, minus_start=[d, lo, hi])
@@ -70,17 +77,19 @@ def test(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
     f = "{:.2f}".format
     lines = ["| start seed | gate: coverage@50, `Low.` acted on (50 instances) | start: regret@50, coverage@50 | "
-             "RLFT + bonus: regret@50, coverage@50, `Low.` acted on | minus the start [95% CI over instances] |",
-             "|---|---|---|---|---|"]
+             "RLFT + bonus: regret@50, coverage@50, `Low.` acted on | minus the start [95% CI over instances] | "
+             "rollout coverage (T = 1), first → last 5 iterations |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         gate = f"{f(r['gate_coverage'])}, {r['gate_low_acted_on']:.0%} ({'passed' if r['gate'] else 'failed'})"
         if r["status"] != "tested":
-            lines.append(f"| {r['start_seed']} | {gate} | {r['status']} | | |")
+            lines.append(f"| {r['start_seed']} | {gate} | {r['status']} | | | |")
             continue
         d, lo, hi = r["minus_start"]
         lines.append(f"| {r['start_seed']} | {gate} | {f(r['start_regret'])}, {f(r['start_coverage'])} | "
                      f"{f(r['regret'])}, {f(r['coverage'])}, {r['low_acted_on']:.0%} | "
-                     f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
+                     f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] | {f(r['rollout_coverage'][0])} → "
+                     f"{f(r['rollout_coverage'][1])} |")
     lines.append("")
     lines.append(f"Starts drawn {result['starts_drawn']}, passed the gate {result['gate_passed']}, "
                  f"reached the test {result['starts_tested']}.")
