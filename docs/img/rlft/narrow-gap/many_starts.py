@@ -1,12 +1,13 @@
 """The narrow-gap design across new starts (issue 8; MANY-STARTS.txt beside this script): the test and its report.
 
-    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR
+    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S]
 
 Reads every ``STUDY_ROOT/start-S/`` that ``run.py all ... start=S`` wrote: ``start.json`` (the gate) and, for a
 start that passed it and finished, ``narrow-gap.json`` (the start and its RLFT + bonus model on the 500
 instances). Prints and writes ``DOCS_DIR/many-starts.md`` (a row a start and the two pre-registered tests, S1
 and S2), ``DOCS_DIR/many-starts.json`` and ``DOCS_DIR/many-starts.png``, and copies each start's ``start.json``
-and evaluations to ``DOCS_DIR/start-S/``.
+and evaluations to ``DOCS_DIR/start-S/``. ``ppo_seed=S`` reads each start's RLFT + bonus run of PPO seed S instead
+of 0 (MANY-STARTS-SEED1.txt) into ``many-starts-seedS.*``; a start without that run counts as not finished.
 """
 
 from __future__ import annotations
@@ -21,30 +22,31 @@ import numpy as np
 from turnrl.errors import TurnRLError, run_script
 from turnrl.stats import mean_ci95
 
-MODEL = "rlft-bonus-s0"  # the one RLFT + bonus run of each start (PPO seed 0)
+MODEL = "rlft-bonus-s{}"  # a start's RLFT + bonus run of the PPO seed in braces (the test: 0)
 MIN_STARTS = 4  # fewer starts reaching the test: it is not run (MANY-STARTS.txt)
 
 
-def read_start(folder: Path) -> dict[str, Any]:
-    """One start: its gate and, when it reached the test, both models' readings on the 500 instances."""
+def read_start(folder: Path, model: str) -> dict[str, Any]:
+    """One start: its gate and, when it reached the test, the start's and ``model``'s readings on the 500
+    instances."""
     gate = json.loads((folder / "start.json").read_text())
     row: dict[str, Any] = {"start_seed": gate.get("start_seed", 0), "gate": gate["gate"],
                            "gate_coverage": gate["coverage"], "gate_low_acted_on": gate["moves_on_low"]}
     summary = folder / "narrow-gap.json"
-    if not summary.is_file():
+    s = json.loads(summary.read_text()) if summary.is_file() else {}
+    if model not in s:
         row["status"] = "failed the gate" if not gate["gate"] else "not finished by the cut-off"
         return row
-    s = json.loads(summary.read_text())
     start = json.loads((folder / "eval-500" / "sft-greedy.json").read_text())
-    d, lo, hi = s[MODEL]["minus_start"]
-    rollouts = [json.loads(line) for line in (folder / MODEL / "metrics.jsonl").read_text().splitlines()]
+    d, lo, hi = s[model]["minus_start"]
+    rollouts = [json.loads(line) for line in (folder / model / "metrics.jsonl").read_text().splitlines()]
     rollouts = [m for m in rollouts if "rollout/coverage" in m]
     row["rollout_coverage"] = [float(np.mean([m["rollout/coverage"] for m in part]))
                                for part in (rollouts[:5], rollouts[-5:])]
     row["rollout_invalid_max"] = max(m["rollout/invalid"] for m in rollouts)
     row.update(status="tested", start_regret=s["sft-greedy"]["regret"], start_coverage=s["sft-greedy"]["coverage"],
-               start_low_acted_on=start.get("moves_on_low") or 0.0, regret=s[MODEL]["regret"],
-               coverage=s[MODEL]["coverage"], low_acted_on=s[MODEL]["moves_on_low"] or 0.0, minus_start=[d, lo, hi])
+               start_low_acted_on=start.get("moves_on_low") or 0.0, regret=s[model]["regret"],
+               coverage=s[model]["coverage"], low_acted_on=s[model]["moves_on_low"] or 0.0, minus_start=[d, lo, hi])
     return row
 
 
@@ -111,7 +113,7 @@ def table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,7 +130,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(x)
     ax.set_xlabel("start seed")
     ax.set_ylabel("regret@50 (500 instances)")
-    ax.set_title("Narrow-gap design: one RLFT + bonus run per start")
+    ax.set_title(f"Narrow-gap design: one RLFT + bonus run per start (PPO seed {ppo_seed})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -136,31 +138,34 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(args: list[str]) -> None:
-    if len(args) != 2:
-        raise ValueError("missing or extra arguments")
+    if len(args) not in (2, 3) or (len(args) == 3 and not args[2].startswith("ppo_seed=")):
+        raise ValueError("missing, extra or unknown arguments")
     root, docs = Path(args[0]), Path(args[1])
+    ppo_seed = int(args[2].split("=", 1)[1]) if len(args) == 3 else 0
+    model, name = MODEL.format(ppo_seed), "many-starts" + (f"-seed{ppo_seed}" if ppo_seed else "")
     folders = sorted((p for p in root.glob("start-*") if (p / "start.json").is_file()),
                      key=lambda p: int(p.name.split("-", 1)[1]))
     if not folders:
         raise TurnRLError(f"{root}: no start-S/start.json (run run.py all ... start=S first)")
-    rows = [read_start(p) for p in folders]
+    rows = [read_start(p, model) for p in folders]
     result = test(rows)
     docs.mkdir(parents=True, exist_ok=True)
     text = table(rows, result)
-    (docs / "many-starts.md").write_text(text)
-    (docs / "many-starts.json").write_text(json.dumps({"starts": rows, "test": result}, indent=1) + "\n")
+    (docs / f"{name}.md").write_text(text)
+    (docs / f"{name}.json").write_text(json.dumps({"ppo_seed": ppo_seed, "starts": rows, "test": result}, indent=1)
+                                       + "\n")
     if result["starts_tested"]:
-        plot(rows, docs / "many-starts.png")
+        plot(rows, docs / f"{name}.png", ppo_seed)
     for p, r in zip(folders, rows, strict=True):
         target = docs / p.name
         target.mkdir(exist_ok=True)
         shutil.copyfile(p / "start.json", target / "start.json")
         if r["status"] == "tested":
-            for name in ("sft-greedy", MODEL):
-                shutil.copyfile(p / "eval-500" / f"{name}.json", target / f"eval-500-{name}.json")
-            shutil.copyfile(p / MODEL / "metrics.jsonl", target / f"{MODEL}-metrics.jsonl")
+            for m in ("sft-greedy", model):
+                shutil.copyfile(p / "eval-500" / f"{m}.json", target / f"eval-500-{m}.json")
+            shutil.copyfile(p / model / "metrics.jsonl", target / f"{model}-metrics.jsonl")
     print(text, end="")
 
 
 if __name__ == "__main__":
-    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR")
+    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S]")
