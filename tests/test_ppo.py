@@ -357,9 +357,8 @@ def test_study_start_seed_draws_another_start_of_the_same_design(tmp_path: Path)
         run_cfg = cfg if seed is None else {**cfg, "start_seed": seed}
         collect_bandit(tmp_path / name, run_cfg)
         data[name] = (tmp_path / name / "data" / "greedy.jsonl").read_bytes()
-        sft_seeds = {t[2][5] for t in plan_bandit(tmp_path / name, 1, run_cfg)["sft"] + plan_bandit(
-            tmp_path / name, 1, run_cfg)["ref_sft"]}
-        assert sft_seeds == {seed or 0}
+        plan = plan_bandit(tmp_path / name, 1, run_cfg)
+        assert {t[2][5] for t in plan["sft"] + plan["ref_sft"]} == {seed or 0}
     assert data["a"] == data["b"] and data["a"] != data["c"] and data["d"] not in (data["a"], data["c"])
 
 

@@ -64,8 +64,8 @@ def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
     finally:
         pool.close()
     r = json.loads(Path(plan["evals"]["greedy-like SFT"][0][2][0]).read_text())
-    res = {"follow": follow, "start_seed": start_seed, "regret": float(np.mean(r["final_regret"])), "coverage": float(np.mean(r["final_coverage"])),
-           "low_replies": r.get("low_replies", 0), "moves_on_low": r.get("moves_on_low") or 0.0}
+    res = {"follow": follow, "start_seed": start_seed, "regret": float(np.mean(r["final_regret"])),
+           "coverage": float(np.mean(r["final_coverage"])), "low_replies": r.get("low_replies", 0), "moves_on_low": r.get("moves_on_low") or 0.0}
     res["gate"] = bool(res["coverage"] <= 0.20 and res["moves_on_low"] <= 0.10)
     print(f"start (follow {follow:g}) on the 50 instances: regret@50 {res['regret']:.2f}, coverage@50 "
           f"{res['coverage']:.2f}, Low. acted on {res['moves_on_low']:.0%} of {res['low_replies']}; gate "
@@ -79,8 +79,9 @@ def main(args: list[str]) -> None:
         raise ValueError("missing or unknown arguments")
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
-    if set(options) - {"rows", "start"} or options.get("rows", "bonus") != "bonus":
-        raise ValueError(f"unknown option {next(f'{k}={v}' for k, v in options.items() if k != 'start')}")
+    for key, value in options.items():
+        if (key, value) != ("rows", "bonus") and (key != "start" or not value.isdigit()):
+            raise ValueError(f"unknown option {key}={value}")
     start_seed = int(options.get("start", 0))
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
