@@ -55,7 +55,7 @@ def ci(values: list[float]) -> list[float]:
     return [mean, lo, hi]
 
 
-def test(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def assess(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """S1: the per-start differences' CI entirely below 0; S2: the bonus rows' regret CI entirely below the
     starts' (both Student t across the starts that reached the test)."""
     tested = [r for r in rows if r["status"] == "tested"]
@@ -148,7 +148,7 @@ def main(args: list[str]) -> None:
     if not folders:
         raise TurnRLError(f"{root}: no start-S/start.json (run run.py all ... start=S first)")
     rows = [read_start(p, model) for p in folders]
-    result = test(rows)
+    result = assess(rows)
     docs.mkdir(parents=True, exist_ok=True)
     text = table(rows, result)
     (docs / f"{name}.md").write_text(text)
