@@ -1,13 +1,15 @@
 """The narrow-gap design across new starts (issue 8; MANY-STARTS.txt beside this script): the test and its report.
 
-    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S]
+    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain]
 
 Reads every ``STUDY_ROOT/start-S/`` that ``run.py all ... start=S`` wrote: ``start.json`` (the gate) and, for a
 start that passed it and finished, ``narrow-gap.json`` (the start and its RLFT + bonus model on the 500
 instances). Prints and writes ``DOCS_DIR/many-starts.md`` (a row a start and the two pre-registered tests, S1
 and S2), ``DOCS_DIR/many-starts.json`` and ``DOCS_DIR/many-starts.png``, and copies each start's ``start.json``
 and evaluations to ``DOCS_DIR/start-S/``. ``ppo_seed=S`` reads each start's RLFT + bonus run of PPO seed S instead
-of 0 (MANY-STARTS-SEED1.txt) into ``many-starts-seedS.*``; a start without that run counts as not finished.
+of 0 (MANY-STARTS-SEED1.txt) into ``many-starts-seedS.*``; ``row=plain`` reads each start's RLFT run (without
+the bonus; ``run.py rl ... rows=plain`` wrote it to ``narrow-gap-plain.json``, MANY-STARTS-PLAIN.txt) into
+``many-starts-plain.*``. A start without the run read counts as not finished.
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ import numpy as np
 from turnrl.errors import TurnRLError, run_script
 from turnrl.stats import mean_ci95
 
-MODEL = "rlft-bonus-s{}"  # a start's RLFT + bonus run of the PPO seed in braces (the test: 0)
+# a row: its run's name for the PPO seed in braces (the test: 0), the summary that run.py wrote, its label
+ROWS = {"bonus": ("rlft-bonus-s{}", "narrow-gap.json", "RLFT + bonus"),
+        "plain": ("rlft-s{}", "narrow-gap-plain.json", "RLFT")}
 MIN_STARTS = 4  # fewer starts reaching the test: it is not run (MANY-STARTS.txt)
 
 
-def read_start(folder: Path, model: str) -> dict[str, Any]:
+def read_start(folder: Path, model: str, summary_name: str = "narrow-gap.json") -> dict[str, Any]:
     """One start: its gate and, when it reached the test, the start's and ``model``'s readings on the 500
-    instances."""
+    instances (from ``summary_name``)."""
     gate = json.loads((folder / "start.json").read_text())
     row: dict[str, Any] = {"start_seed": gate.get("start_seed", 0), "gate": gate["gate"],
                            "gate_coverage": gate["coverage"], "gate_low_acted_on": gate["moves_on_low"]}
-    summary = folder / "narrow-gap.json"
+    summary = folder / summary_name
     s = json.loads(summary.read_text()) if summary.is_file() else {}
     if model not in s:
         row["status"] = "failed the gate" if not gate["gate"] else "not finished by the cut-off"
@@ -56,7 +60,7 @@ def ci(values: list[float]) -> list[float]:
 
 
 def assess(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """S1: the per-start differences' CI entirely below 0; S2: the bonus rows' regret CI entirely below the
+    """S1: the per-start differences' CI entirely below 0; S2: the RLFT rows' regret CI entirely below the
     starts' (both Student t across the starts that reached the test)."""
     tested = [r for r in rows if r["status"] == "tested"]
     out: dict[str, Any] = {"starts_tested": len(tested), "starts_drawn": len(rows),
@@ -76,10 +80,10 @@ def assess(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
+def table(rows: list[dict[str, Any]], result: dict[str, Any], label: str = "RLFT + bonus") -> str:
     f = "{:.2f}".format
     lines = ["| start seed | gate: coverage@50, `Low.` acted on (50 instances) | start: regret@50, coverage@50 | "
-             "RLFT + bonus: regret@50, coverage@50, `Low.` acted on | minus the start [95% CI over instances] | "
+             f"{label}: regret@50, coverage@50, `Low.` acted on | minus the start [95% CI over instances] | "
              "rollout coverage (T = 1), first → last 5 iterations |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -101,19 +105,19 @@ def table(rows: list[dict[str, Any]], result: dict[str, Any]) -> str:
             return f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
         d, lo, hi = result["difference"]
         lines += ["",
-                  f"- (S1) RLFT + bonus minus its start, across starts: {d:+.2f} [{lo:+.2f}, {hi:+.2f}]: "
+                  f"- (S1) {label} minus its start, across starts: {d:+.2f} [{lo:+.2f}, {hi:+.2f}]: "
                   f"{'holds' if result['S1'] else 'fails'}.",
-                  f"- (S2) regret@50 across starts: RLFT + bonus {span('bonus_regret')} against the starts' "
+                  f"- (S2) regret@50 across starts: {label} {span('bonus_regret')} against the starts' "
                   f"{span('start_regret')}: {'holds' if result['S2'] else 'fails'}.",
-                  f"- Coverage@50 across starts: RLFT + bonus {span('bonus_coverage')} against the starts' "
+                  f"- Coverage@50 across starts: {label} {span('bonus_coverage')} against the starts' "
                   f"{span('start_coverage')}.",
-                  f"- Starts whose RLFT + bonus model is below them with a per-instance CI below 0: "
+                  f"- Starts whose {label} model is below them with a per-instance CI below 0: "
                   f"{result['below_start']} of {result['starts_tested']}."]
     lines += ["", f"Verdict: {result['verdict']}."]
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int, label: str = "RLFT + bonus") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,11 +130,11 @@ def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int) -> None:
     ax.errorbar(x, [r["regret"] for r in tested],
                 yerr=[[-r["minus_start"][1] + r["minus_start"][0] for r in tested],
                       [r["minus_start"][2] - r["minus_start"][0] for r in tested]],
-                fmt="o", color="tab:blue", capsize=3, label="RLFT + bonus (95% CI of the difference)")
+                fmt="o", color="tab:blue", capsize=3, label=f"{label} (95% CI of the difference)")
     ax.set_xticks(x)
     ax.set_xlabel("start seed")
     ax.set_ylabel("regret@50 (500 instances)")
-    ax.set_title(f"Narrow-gap design: one RLFT + bonus run per start (PPO seed {ppo_seed})")
+    ax.set_title(f"Narrow-gap design: one {label} run per start (PPO seed {ppo_seed})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -138,24 +142,31 @@ def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int) -> None:
 
 
 def main(args: list[str]) -> None:
-    if len(args) not in (2, 3) or (len(args) == 3 and not args[2].startswith("ppo_seed=")):
+    if len(args) < 2 or any("=" in a for a in args[:2]) or len(args) > 4:
         raise ValueError("missing, extra or unknown arguments")
     root, docs = Path(args[0]), Path(args[1])
-    ppo_seed = int(args[2].split("=", 1)[1]) if len(args) == 3 else 0
-    model, name = MODEL.format(ppo_seed), "many-starts" + (f"-seed{ppo_seed}" if ppo_seed else "")
+    options = dict(a.partition("=")[::2] for a in args[2:])
+    if len(options) < len(args) - 2 or set(options) - {"ppo_seed", "row"}:
+        raise ValueError(f"unknown or repeated option in {' '.join(args[2:])}")
+    if not options.get("ppo_seed", "0").isdigit() or options.get("row", "bonus") not in ROWS:
+        raise ValueError(f"ppo_seed is a number and row is one of {', '.join(ROWS)}, not {' '.join(args[2:])}")
+    ppo_seed, row = int(options.get("ppo_seed", "0")), options.get("row", "bonus")
+    pattern, summary_name, label = ROWS[row]
+    model = pattern.format(ppo_seed)
+    name = "many-starts" + ("-plain" if row == "plain" else "") + (f"-seed{ppo_seed}" if ppo_seed else "")
     folders = sorted((p for p in root.glob("start-*") if (p / "start.json").is_file()),
                      key=lambda p: int(p.name.split("-", 1)[1]))
     if not folders:
         raise TurnRLError(f"{root}: no start-S/start.json (run run.py all ... start=S first)")
-    rows = [read_start(p, model) for p in folders]
+    rows = [read_start(p, model, summary_name) for p in folders]
     result = assess(rows)
     docs.mkdir(parents=True, exist_ok=True)
-    text = table(rows, result)
+    text = table(rows, result, label)
     (docs / f"{name}.md").write_text(text)
-    (docs / f"{name}.json").write_text(json.dumps({"ppo_seed": ppo_seed, "starts": rows, "test": result}, indent=1)
-                                       + "\n")
+    (docs / f"{name}.json").write_text(json.dumps({"row": label, "ppo_seed": ppo_seed, "starts": rows,
+                                                   "test": result}, indent=1) + "\n")
     if result["starts_tested"]:
-        plot(rows, docs / f"{name}.png", ppo_seed)
+        plot(rows, docs / f"{name}.png", ppo_seed, label)
     for p, r in zip(folders, rows, strict=True):
         target = docs / p.name
         target.mkdir(exist_ok=True)
@@ -168,4 +179,4 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S]")
+    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain]")

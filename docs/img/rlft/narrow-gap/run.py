@@ -3,8 +3,8 @@
 Two stages, each resumable (a finished stage's output is reused), and both in one command:
 
     python docs/img/rlft/narrow-gap/run.py start OUT FOLLOW
-    python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus]
-    python docs/img/rlft/narrow-gap/run.py all OUT FOLLOW SEED [SEED ...] [rows=bonus]   # both, if the gate passes
+    python docs/img/rlft/narrow-gap/run.py rl OUT FOLLOW SEED [SEED ...] [rows=bonus|plain]
+    python docs/img/rlft/narrow-gap/run.py all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain]   # both, if the gate passes
 
 ``start=S`` (any stage) makes another start of the design: its data and SFT are seeded by S (``start_seed``;
 the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt).
@@ -13,9 +13,11 @@ the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt).
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
 last arm, with the pre-registered gate (coverage@50 at most 0.20 and ``Low.`` acted on at most 10%: the start
 commits although its rationale says to move on). ``rl`` trains RLFT and RLFT + bonus (with ``rows=bonus``, RLFT +
-bonus only) for the given seeds from that start and reads them and the start on the 500 instances
-``bandit-500000`` .. ``bandit-500499`` (no earlier run has used them), through the knowing-doing scripts'
-functions; it writes ``OUT/narrow-gap.json``. ``all`` runs ``start`` and, if the gate passes, ``rl``.
+bonus only; with ``rows=plain``, RLFT only) for the given seeds from that start and reads them and the start on
+the 500 instances ``bandit-500000`` .. ``bandit-500499`` (no earlier run has used them), through the
+knowing-doing scripts' functions; it writes ``OUT/narrow-gap.json`` (with ``rows=plain``,
+``OUT/narrow-gap-plain.json``, so that the bonus rows' summary stays as it is). ``all`` runs ``start`` and, if the
+gate passes, ``rl``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "knowing-doing"))
 
+from ppo_variant import ROWS  # noqa: E402
 from ppo_variant import run as run_variant  # noqa: E402
 
 from turnrl import greedy_study as gs  # noqa: E402
@@ -80,7 +83,7 @@ def main(args: list[str]) -> None:
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
-        if (key, value) != ("rows", "bonus") and (key != "start" or not value.isdigit()):
+        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key != "start" or not value.isdigit()):
             raise ValueError(f"unknown option {key}={value}")
     start_seed = int(options.get("start", 0))
     if args[0] != "rl":
@@ -90,11 +93,11 @@ def main(args: list[str]) -> None:
         if not gate:
             raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
     design, cfg = config(follow, start_seed)
-    rows = ("RLFT + bonus",) if "rows" in options else ("RLFT + bonus", "RLFT")
-    run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], "narrow-gap.json", design,
-                base=cfg, first=FIRST)
+    rows = ROWS[options.get("rows", "both")]
+    summary = "narrow-gap-plain.json" if options.get("rows") == "plain" else "narrow-gap.json"
+    run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg, first=FIRST)
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
-    run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus] "
+    run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain] "
                      "[start=S]")
