@@ -612,6 +612,7 @@ from turnrl.losses import (  # noqa: E402
     batch_baseline_advantages,
     full_kl,
     gae,
+    group_baseline_advantages,
     kl_penalty,
     ppo_loss,
     ppo_policy_loss,
@@ -708,6 +709,29 @@ def test_rewards_to_go_and_batch_baseline() -> None:
     # a step only one episode has: its own baseline, advantage 0; padding stays 0
     a = batch_baseline_advantages(g, mask)
     assert a.flatten().tolist() == pytest.approx([(2.75 - 5.0) / 2, 0.0, 0.0, (5.0 - 2.75) / 2, 0.0, 0.0])
+
+
+def test_group_baseline_advantages_hand_values() -> None:
+    # two groups of two: each episode's baseline is the other episode of its group
+    a = group_baseline_advantages(torch.tensor([[3.0], [1.0], [5.0], [4.0]]), torch.ones(4, 1),
+                                  torch.tensor([0, 0, 1, 1]))
+    assert a.flatten().tolist() == [2.0, -2.0, 1.0, -1.0]
+    # one group of three: the mean of the two others (leave-one-out)
+    a = group_baseline_advantages(torch.tensor([[3.0], [1.0], [2.0]]), torch.ones(3, 1), torch.tensor([7, 7, 7]))
+    assert a.flatten().tolist() == pytest.approx([1.5, -1.5, 0.0])
+    # groups need not be contiguous; a step no other episode of the group has: 0; padding stays 0
+    g = torch.tensor([[1.0, 2.0], [4.0, 9.0], [3.0, 0.0], [8.0, 8.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1]])
+    a = group_baseline_advantages(g, mask, torch.tensor([0, 1, 0, 1]))
+    assert a.tolist() == [[-2.0, 0.0], [-4.0, 1.0], [2.0, 0.0], [4.0, -1.0]]
+    # one episode per group: no baseline, every advantage 0 (it must not become the batch baseline)
+    assert group_baseline_advantages(g, mask, torch.arange(4)).abs().sum() == 0
+    # with every episode in one group of two, it differs from the batch baseline by the factor n / (n - 1)
+    two = torch.tensor([[3.0, 1.0], [1.0, 3.0]])
+    assert (group_baseline_advantages(two, torch.ones(2, 2), torch.zeros(2)) ==
+            2 * batch_baseline_advantages(two, torch.ones(2, 2))).all()
+    with pytest.raises(ValueError, match="groups must have shape"):
+        group_baseline_advantages(g, mask, torch.zeros(3))
 
 
 def test_gae_hand_values() -> None:

@@ -69,6 +69,50 @@ def test_ppo_bandit_ratio_one_and_kl_zero_at_start_then_moves(tiny_dir: Path, tm
     assert summary["run_config"]["advantage"] == "mc"
 
 
+def test_ppo_group_size_plays_each_task_g_times_with_a_leave_one_out_baseline(tiny_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """group_size 2: two tasks a rollout, each twice in a row; an episode's advantage is its return minus
+    the other episode of its task (before whitening), checked on the rollout the run kept."""
+    from turnrl.losses import rewards_to_go
+    from turnrl.train.ppo import EpisodeBuffer, PPORunner, _padded, shaped_rewards
+
+    cfg = bandit_cfg(iterations=1, group_size=2, adv_norm=False, reward_norm=False, gamma=1.0)
+    runner = PPORunner(cfg, "bandit", None, None, EpisodeBuffer(4), None, "mc")  # type: ignore[arg-type]
+    specs = runner.plan(3, "train", 4, group=2)
+    assert [s.task_id for s in specs][::2] == [s.task_id for s in specs][1::2]
+    assert specs[0].task_id != specs[2].task_id and len({s.seed for s in specs}) == 4
+    assert [s.index for s in specs] == [12, 13, 14, 15]
+    ones = runner.plan(3, "train", 4)  # group 1: the plan of every earlier run, unchanged
+    assert len({s.task_id for s in ones}) == 4
+    assert [s.task_id for s in ones][:1] == [runner.plan(3, "train", 4, group=1)[0].task_id]
+
+    from turnrl.train import ppo as ppo_mod
+
+    seen: dict[str, Any] = {}
+    real = ppo_mod.PPORunner.collect
+
+    def spy(self: Any, iteration: int) -> dict[str, float]:
+        out = real(self, iteration)
+        rewards, _ = shaped_rewards(self.last_rollout, self.cfg)
+        r, mask = _padded(rewards)
+        seen["ret"] = rewards_to_go(r, mask, 1.0)
+        seen["adv"] = {(s.episode, s.turn): s.advantage for eps in self.buffer.items for s in eps}
+        seen["tasks"] = [t.task_id for t in self.last_rollout]
+        return out
+
+    ppo_mod.PPORunner.collect = spy  # type: ignore[method-assign]
+    try:
+        train_ppo(str(tiny_dir), "bandit", tmp_path / "spy", cfg)
+    finally:
+        ppo_mod.PPORunner.collect = real  # type: ignore[method-assign]
+    ret, adv, tasks = seen["ret"], seen["adv"], seen["tasks"]
+    assert tasks[0] == tasks[1] and tasks[2] == tasks[3]
+    assert any(a != 0 for a in adv.values())  # the random arms of invalid replies differ within a task
+    assert all(a == pytest.approx(float(ret[i, t] - ret[i ^ 1, t])) for (i, t), a in adv.items())
+    with pytest.raises(ValidationError, match="group_size"):
+        PPOConfig(group_size=0)
+
+
 def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
     from turnrl.models.loading import load_model, load_tokenizer
     from turnrl.tokenization import ChatFormat
@@ -223,6 +267,8 @@ def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> N
     assert "save_every" in run("--env", "bandit", "save_every=3")
     assert "grad_accum" in run("--env", "bandit", "grad_accum=2")
     assert "episodes_per_iter" in run("--env", "bandit", "episodes_per_iter=5")
+    assert "multiple of group_size (3)" in run("--env", "bandit", "group_size=3")
+    assert "needs advantage=mc" in run("--env", "tictactoe", "group_size=2")
     assert "kl_estimator" in run("--env", "bandit", "kl_estimator=k2")
     assert "nope" in run("--env", "nope")
     assert "arms" in run("--env", "bandit", "--env-opt", "arms=0")

@@ -46,6 +46,7 @@ __all__ = [
     "dpo_loss",
     "full_kl",
     "gae",
+    "group_baseline_advantages",
     "ipo_loss",
     "kl_penalty",
     "normalize_advantages",
@@ -932,6 +933,41 @@ def batch_baseline_advantages(returns: Tensor, mask: Tensor) -> Tensor:
     g = torch.where(mask.bool(), returns.to(m.dtype), torch.zeros_like(m))
     baseline = g.sum(dim=0) / m.sum(dim=0).clamp(min=1.0)
     return (g - baseline.unsqueeze(0)) * m
+
+
+def group_baseline_advantages(returns: Tensor, mask: Tensor, groups: Tensor) -> Tensor:
+    r"""Monte-Carlo advantages with a leave-one-out baseline within groups of episodes of one task
+    (RLOO, Kool et al., 2019; GRPO's groups without its division by the group's std):
+
+    .. math::
+        A_{i,t} = G_{i,t} - \frac{1}{|N_{i,t}|} \sum_{j \in N_{i,t}} G_{j,t},
+
+    :math:`N_{i,t}` the other episodes of :math:`i`'s group (``groups[i]``) that have a step ``t``.
+    The baseline does not depend on episode :math:`i`'s own actions, so the gradient stays unbiased,
+    and what the group's episodes share (the task; on the bandits, the whole reward table) cancels.
+    A step no other episode of its group shares gets advantage 0.
+
+    Example: :math:`G = [[3], [1], [5], [4]]`, groups ``[0, 0, 1, 1]``: :math:`A = [[2], [-2], [1], [-1]]`;
+    with three episodes :math:`G = [[3], [1], [2]]` in one group, :math:`A = [[1.5], [-1.5], [0]]`.
+
+    Args:
+        returns: ``[B, T]`` returns-to-go.
+        mask: ``[B, T]``, 1 on real steps.
+        groups: ``[B]`` integer group of each episode.
+
+    Returns:
+        ``[B, T]`` advantages, 0 on padding.
+    """
+    _same_shape("returns", returns, "mask", mask)
+    _ndim("returns", returns, 2)
+    if groups.shape != returns.shape[:1]:
+        raise ValueError(f"groups must have shape [{returns.shape[0]}], got {list(groups.shape)}")
+    m = mask.to(_acc_dtype(returns.dtype))
+    g = torch.where(mask.bool(), returns.to(m.dtype), torch.zeros_like(m))
+    same = (groups.unsqueeze(0) == groups.unsqueeze(1)).to(m.dtype)  # [B, B]
+    total, count = same @ g - g, same @ m - m  # the other episodes of the group, step by step
+    baseline = torch.where(count > 0, total / count.clamp(min=1.0), g)
+    return (g - baseline) * m
 
 
 def gae(

@@ -22,7 +22,9 @@ One iteration:
 3. **Advantages.** ``advantage=mc`` (default for the bandit envs, whose episodes all have
    the same length): Monte-Carlo rewards-to-go minus the batch mean of the same step's
    return (:func:`~turnrl.losses.rewards_to_go`,
-   :func:`~turnrl.losses.batch_baseline_advantages`); ``advantage=gae`` (default
+   :func:`~turnrl.losses.batch_baseline_advantages`; with ``group_size`` G > 1 each task is
+   played G times and the baseline is the mean of the other G - 1 episodes of the task,
+   :func:`~turnrl.losses.group_baseline_advantages`); ``advantage=gae`` (default
    elsewhere, e.g. tic-tac-toe): a value head (a linear layer on the last hidden state at
    the last prompt token of each turn, ``model.value_head``) and
    :func:`~turnrl.losses.gae`; the value head trains with
@@ -61,7 +63,9 @@ Departures from the paper (and why):
 * Rewards are normalised by the batch standard deviation (scale only, no shift: a shift
   would reward or punish episode length where lengths vary); the paper does not say how.
 * The batch baseline is per step (the mean return-to-go of step ``t`` over the batch),
-  which fixed-length episodes allow.
+  which fixed-length episodes allow. ``group_size`` > 1 replaces it with a leave-one-out
+  baseline over episodes of the same task (RLOO; not in the paper): on the bandits a task
+  fixes the whole reward table, so what differs within a group is what the policy did.
 * epsilon-greedy turns are executed but not trained on (the model did not write them).
 * A reply cut by the thinking budget is trained with the template's end-of-turn token
   appended, which the model did not sample; its old log-prob is recomputed like the rest.
@@ -91,6 +95,7 @@ from turnrl.errors import TurnRLError
 from turnrl.losses import (
     batch_baseline_advantages,
     gae,
+    group_baseline_advantages,
     normalize_advantages,
     ppo_loss,
     rewards_to_go,
@@ -117,6 +122,10 @@ class PPOConfig(TrainConfig):
     batch_size: int = 4
     iterations: int = 10
     episodes_per_iter: int = 16
+    #: episodes a task in a rollout: ``episodes_per_iter / group_size`` tasks, each played
+    #: ``group_size`` times, and the Monte-Carlo baseline of a step is the mean return-to-go of the
+    #: other episodes of its task (leave-one-out); 1: every episode its own task, the batch baseline
+    group_size: int = 1
     ppo_epochs: int = 2
     minibatches: int = 2
     clip_eps: float = 0.2
@@ -155,8 +164,8 @@ class PPOConfig(TrainConfig):
     eval_split: str = "seen"
 
     value_ranges = {**TrainConfig.value_ranges,
-                    **dict.fromkeys(("iterations", "episodes_per_iter", "ppo_epochs", "minibatches", "max_new_tokens",
-                                     "num_envs"), Range(1)),
+                    **dict.fromkeys(("iterations", "episodes_per_iter", "group_size", "ppo_epochs", "minibatches",
+                                     "max_new_tokens", "num_envs"), Range(1)),
                     **dict.fromkeys(("beta_kl", "vf_coef", "turns_per_episode", "eval_episodes"), Range(0)),
                     **dict.fromkeys(("epsilon", "gamma", "gae_lambda"), Range(0, 1)),
                     **dict.fromkeys(("clip_eps", "value_clip"), Range(0, lo_open=True)),
@@ -458,14 +467,17 @@ class PPORunner:
         sampling = SamplingConfig(temperature=temperature, max_new_tokens=self.cfg.max_new_tokens)
         return ModelPolicy(engine, self.chat, sampling, history=self.cfg.history, name="ppo")
 
-    def plan(self, iteration: int, split: str, episodes: int, salt: int = 0) -> list[EpisodeSpec]:
+    def plan(self, iteration: int, split: str, episodes: int, salt: int = 0, group: int = 1) -> list[EpisodeSpec]:
+        """``episodes`` episodes of ``episodes / group`` tasks drawn at random, each task ``group``
+        times in a row (episode ``j`` is in group ``j // group``), each episode with its own seed."""
         env = envs.make(self.env_name, **self.cfg.env_opts)
         try:
             ids = env.task_ids(split)
         finally:
             env.close()
         rng = np.random.default_rng([self.cfg.seed, salt, iteration])
-        picks = rng.choice(len(ids), size=episodes, replace=episodes > len(ids))
+        tasks = episodes // group
+        picks = np.repeat(rng.choice(len(ids), size=tasks, replace=tasks > len(ids)), group)
         return [EpisodeSpec(iteration * episodes + j, split, ids[int(k)], int(rng.integers(2**31)))
                 for j, k in enumerate(picks)]
 
@@ -491,7 +503,7 @@ class PPORunner:
         """Roll out, compute rewards and advantages, tokenize, recompute old/ref log-probs."""
         cfg = self.cfg
         policy = with_epsilon(self.policy(cfg.temperature), self.env_name, cfg.epsilon)
-        trajs = self.play(self.plan(iteration, cfg.split, cfg.episodes_per_iter), policy)
+        trajs = self.play(self.plan(iteration, cfg.split, cfg.episodes_per_iter, group=cfg.group_size), policy)
         self.last_rollout = trajs
         rewards, rstats = shaped_rewards(trajs, cfg)
         samples = [self._samples(i, t) for i, t in enumerate(trajs)]
@@ -516,7 +528,10 @@ class PPORunner:
             adv, ret = gae(r, v, mask, gamma=cfg.gamma, lam=cfg.gae_lambda)
         else:
             ret = rewards_to_go(r, mask, cfg.gamma)
-            adv = batch_baseline_advantages(ret, mask)
+            if cfg.group_size > 1:
+                adv = group_baseline_advantages(ret, mask, torch.arange(len(trajs)) // cfg.group_size)
+            else:
+                adv = batch_baseline_advantages(ret, mask)
         flat = [s for eps in chosen for s in eps]
         vals = torch.tensor([float(adv[s.episode, s.turn]) for s in flat], dtype=torch.float64)
         if cfg.adv_norm and len(flat) > 1:
@@ -643,6 +658,12 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
         raise TurnRLError(
             f"ppo: episodes_per_iter ({cfg.episodes_per_iter}) must split into minibatches ({cfg.minibatches}) "
             f"of a multiple of batch_size ({cfg.batch_size}) episodes")
+    if cfg.episodes_per_iter % cfg.group_size:
+        raise TurnRLError(f"ppo: episodes_per_iter ({cfg.episodes_per_iter}) must be a multiple of group_size "
+                          f"({cfg.group_size}), the episodes a task")
+    if cfg.group_size > 1 and advantage_kind(cfg, env_name) != "mc":
+        raise TurnRLError(f"ppo: group_size {cfg.group_size} needs advantage=mc (the group baseline is a Monte-Carlo "
+                          f"baseline; {env_name} defaults to gae)")
     steps_per_iter = cfg.ppo_epochs * cfg.minibatches
     if cfg.save_every % steps_per_iter:
         raise TurnRLError(f"ppo: save_every ({cfg.save_every}) must be a multiple of the steps per iteration "

@@ -7,7 +7,11 @@ Two stages, each resumable (a finished stage's output is reused), and both in on
     python docs/img/rlft/narrow-gap/run.py all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain]   # both, if the gate passes
 
 ``start=S`` (any stage) makes another start of the design: its data and SFT are seeded by S (``start_seed``;
-the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt).
+the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt). ``group=G`` (``rl``) trains with
+``group_size`` G: each rollout plays 16 / G tasks G times each, with the leave-one-out baseline of the episodes
+of a task (GROUP-BASELINE.txt). Its OUT is a folder of its own, holding a copy of the start's ``data/``,
+``sft-greedy/``, ``start.json`` and ``eval-500/sft-greedy.json`` (the settings differ, so the start's folder
+refuses it).
 
 ``start`` writes the start's data and SFT into OUT (``gs.NARROW_GAP`` with ``follow`` = FOLLOW) and reads it
 greedily on the study's 50 seen instances: regret@50, coverage@50 and how often its ``Low.`` replies leave the
@@ -41,16 +45,19 @@ from turnrl.pipelines.iterative import check_settings  # noqa: E402
 FIRST = 500000  # the 500 instances of the test
 
 
-def config(follow: float, start_seed: int = 0) -> tuple[str, dict[str, Any]]:
+def config(follow: float, start_seed: int = 0, group: int = 1) -> tuple[str, dict[str, Any]]:
     """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow`` and
-    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts)."""
+    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts), and PPO's ``group_size``
+    ``group`` when it is not 1."""
     if not 0.0 < follow < 0.5:
         raise ValueError(f"FOLLOW must lie in (0, 0.5), so that greedy decoding repeats the arm, not {follow}")
     cfg = {**gs.NARROW_GAP, "greedy_policy": f"lose-shift:threshold=-0.5,follow={follow:g}"}
     if start_seed:
         cfg["start_seed"] = start_seed
+    if group != 1:
+        cfg["ppo"] = {**cfg["ppo"], "group_size": group}
     name = "narrow-gap" if cfg["greedy_policy"] == gs.NARROW_GAP["greedy_policy"] else f"narrow-gap, follow={follow:g}"
-    return name + (f", start={start_seed}" if start_seed else ""), cfg
+    return name + (f", start={start_seed}" if start_seed else "") + (f", group_size={group}" if group != 1 else ""), cfg
 
 
 def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
@@ -83,16 +90,19 @@ def main(args: list[str]) -> None:
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
-        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key != "start" or not value.isdigit()):
+        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key not in ("start", "group")
+                                                                            or not value.isdigit()):
             raise ValueError(f"unknown option {key}={value}")
-    start_seed = int(options.get("start", 0))
+    start_seed, group = int(options.get("start", 0)), int(options.get("group", 1))
+    if group != 1 and args[0] != "rl":
+        raise ValueError("group=G is an option of rl (from a copy of a start: see the docstring)")
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
         if args[0] == "start":
             return
         if not gate:
             raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
-    design, cfg = config(follow, start_seed)
+    design, cfg = config(follow, start_seed, group)
     rows = ROWS[options.get("rows", "both")]
     summary = "narrow-gap-plain.json" if options.get("rows") == "plain" else "narrow-gap.json"
     run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg, first=FIRST)
@@ -100,4 +110,4 @@ def main(args: list[str]) -> None:
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
     run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain] "
-                     "[start=S]")
+                     "[start=S] [group=G]")
