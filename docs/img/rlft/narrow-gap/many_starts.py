@@ -1,6 +1,6 @@
 """The narrow-gap design across new starts (issue 8; MANY-STARTS.txt beside this script): the test and its report.
 
-    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain]
+    python docs/img/rlft/narrow-gap/many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain] [against=ROOT]
 
 Reads every ``STUDY_ROOT/start-S/`` that ``run.py all ... start=S`` wrote: ``start.json`` (the gate) and, for a
 start that passed it and finished, ``narrow-gap.json`` (the start and its RLFT + bonus model on the 500
@@ -9,7 +9,9 @@ and S2), ``DOCS_DIR/many-starts.json`` and ``DOCS_DIR/many-starts.png``, and cop
 and evaluations to ``DOCS_DIR/start-S/``. ``ppo_seed=S`` reads each start's RLFT + bonus run of PPO seed S instead
 of 0 (MANY-STARTS-SEED1.txt) into ``many-starts-seedS.*``; ``row=plain`` reads each start's RLFT run (without
 the bonus; ``run.py rl ... rows=plain`` wrote it to ``narrow-gap-plain.json``, MANY-STARTS-PLAIN.txt) into
-``many-starts-plain.*``. A start without the run read counts as not finished.
+``many-starts-plain.*``. A start without the run read counts as not finished. ``against=ROOT`` adds, per start,
+the run minus the same run under ``ROOT/start-S/`` (instance by instance, 95% CI over the 500 instances) and
+their mean across starts: the group-baseline runs (GROUP-BASELINE.txt) against the batch-baseline ones.
 """
 
 from __future__ import annotations
@@ -52,6 +54,24 @@ def read_start(folder: Path, model: str, summary_name: str = "narrow-gap.json") 
                start_low_acted_on=start.get("moves_on_low") or 0.0, regret=s[model]["regret"],
                coverage=s[model]["coverage"], low_acted_on=s[model]["moves_on_low"] or 0.0, minus_start=[d, lo, hi])
     return row
+
+
+def against(rows: list[dict[str, Any]], root: Path, other: Path, model: str) -> list[float] | None:
+    """Each tested start's ``model`` minus the same model under ``other`` (regret@50 by instance; the
+    difference and its 95% CI over instances go into the row as ``minus_other``), and the mean difference
+    across the starts with a run in both, with its 95% CI (None when there is none)."""
+    diffs = []
+    for r in rows:
+        theirs = other / f"start-{r['start_seed']}" / "eval-500" / f"{model}.json"
+        if r["status"] != "tested" or not theirs.is_file():
+            continue
+        mine = root / f"start-{r['start_seed']}" / "eval-500" / f"{model}.json"
+        d = (np.asarray(json.loads(mine.read_text())["final_regret"])
+             - np.asarray(json.loads(theirs.read_text())["final_regret"]))
+        mean, (lo, hi) = mean_ci95([float(x) for x in d])
+        r["minus_other"] = [mean, lo, hi]
+        diffs.append(mean)
+    return ci(diffs) if diffs else None
 
 
 def ci(values: list[float]) -> list[float]:
@@ -111,6 +131,12 @@ def table(rows: list[dict[str, Any]], result: dict[str, Any], label: str = "RLFT
                   f"{span('start_regret')}: {'holds' if result['S2'] else 'fails'}.",
                   f"- Coverage@50 across starts: {label} {span('bonus_coverage')} against the starts' "
                   f"{span('start_coverage')}.",
+                  *([f"- Minus the same run with the batch baseline ({result['other']}), across starts: "
+                     f"{result['minus_other'][0]:+.2f} [{result['minus_other'][1]:+.2f}, "
+                     f"{result['minus_other'][2]:+.2f}]; per start (95% CI over instances): "
+                     + ", ".join(f"{r['start_seed']}: {r['minus_other'][0]:+.2f} [{r['minus_other'][1]:+.2f}, "
+                                 f"{r['minus_other'][2]:+.2f}]" for r in rows if "minus_other" in r) + "."]
+                    if result.get("minus_other") else []),
                   f"- Starts whose {label} model is below them with a per-instance CI below 0: "
                   f"{result['below_start']} of {result['starts_tested']}."]
     lines += ["", f"Verdict: {result['verdict']}."]
@@ -142,11 +168,11 @@ def plot(rows: list[dict[str, Any]], path: Path, ppo_seed: int, label: str = "RL
 
 
 def main(args: list[str]) -> None:
-    if len(args) < 2 or any("=" in a for a in args[:2]) or len(args) > 4:
+    if len(args) < 2 or any("=" in a for a in args[:2]) or len(args) > 5:
         raise ValueError("missing, extra or unknown arguments")
     root, docs = Path(args[0]), Path(args[1])
     options = dict(a.partition("=")[::2] for a in args[2:])
-    if len(options) < len(args) - 2 or set(options) - {"ppo_seed", "row"}:
+    if len(options) < len(args) - 2 or set(options) - {"ppo_seed", "row", "against"}:
         raise ValueError(f"unknown or repeated option in {' '.join(args[2:])}")
     if not options.get("ppo_seed", "0").isdigit() or options.get("row", "bonus") not in ROWS:
         raise ValueError(f"ppo_seed is a number and row is one of {', '.join(ROWS)}, not {' '.join(args[2:])}")
@@ -160,6 +186,9 @@ def main(args: list[str]) -> None:
         raise TurnRLError(f"{root}: no start-S/start.json (run run.py all ... start=S first)")
     rows = [read_start(p, model, summary_name) for p in folders]
     result = assess(rows)
+    if "against" in options and "difference" in result:
+        result["other"] = options["against"]
+        result["minus_other"] = against(rows, root, Path(options["against"]), model)
     docs.mkdir(parents=True, exist_ok=True)
     text = table(rows, result, label)
     (docs / f"{name}.md").write_text(text)
@@ -179,4 +208,4 @@ def main(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain]")
+    run_script(main, "many_starts.py STUDY_ROOT DOCS_DIR [ppo_seed=S] [row=bonus|plain] [against=ROOT]")
