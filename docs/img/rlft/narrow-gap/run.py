@@ -9,7 +9,8 @@ Two stages, each resumable (a finished stage's output is reused), and both in on
 ``start=S`` (any stage) makes another start of the design: its data and SFT are seeded by S (``start_seed``;
 the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt). ``group=G`` (``rl``) trains with
 ``group_size`` G: each rollout plays 16 / G tasks G times each, with the leave-one-out baseline of the episodes
-of a task (GROUP-BASELINE.txt). Its OUT is a folder of its own, holding a copy of the start's ``data/``,
+of a task (GROUP-BASELINE.txt); ``iterations=N`` trains for N PPO iterations instead of 20 (PILOT-40-ITERS.txt).
+With either, OUT is a folder of its own, holding a copy of the start's ``data/``,
 ``sft-greedy/``, ``start.json`` and ``eval-500/sft-greedy.json`` (the settings differ, so the start's folder
 refuses it).
 
@@ -45,10 +46,10 @@ from turnrl.pipelines.iterative import check_settings  # noqa: E402
 FIRST = 500000  # the 500 instances of the test
 
 
-def config(follow: float, start_seed: int = 0, group: int = 1) -> tuple[str, dict[str, Any]]:
+def config(follow: float, start_seed: int = 0, group: int = 1, iterations: int = 0) -> tuple[str, dict[str, Any]]:
     """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow`` and
-    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts), and PPO's ``group_size``
-    ``group`` when it is not 1."""
+    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts), PPO's ``group_size``
+    ``group`` when it is not 1 and its ``iterations`` when given (not 0)."""
     if not 0.0 < follow < 0.5:
         raise ValueError(f"FOLLOW must lie in (0, 0.5), so that greedy decoding repeats the arm, not {follow}")
     cfg = {**gs.NARROW_GAP, "greedy_policy": f"lose-shift:threshold=-0.5,follow={follow:g}"}
@@ -56,8 +57,11 @@ def config(follow: float, start_seed: int = 0, group: int = 1) -> tuple[str, dic
         cfg["start_seed"] = start_seed
     if group != 1:
         cfg["ppo"] = {**cfg["ppo"], "group_size": group}
+    if iterations:
+        cfg["ppo"] = {**cfg["ppo"], "iterations": iterations}
     name = "narrow-gap" if cfg["greedy_policy"] == gs.NARROW_GAP["greedy_policy"] else f"narrow-gap, follow={follow:g}"
-    return name + (f", start={start_seed}" if start_seed else "") + (f", group_size={group}" if group != 1 else ""), cfg
+    name += (f", start={start_seed}" if start_seed else "") + (f", group_size={group}" if group != 1 else "")
+    return name + (f", iterations={iterations}" if iterations else ""), cfg
 
 
 def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
@@ -90,19 +94,20 @@ def main(args: list[str]) -> None:
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
-        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key not in ("start", "group")
+        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key not in ("start", "group", "iterations")
                                                                             or not value.isdigit()):
             raise ValueError(f"unknown option {key}={value}")
     start_seed, group = int(options.get("start", 0)), int(options.get("group", 1))
-    if group != 1 and args[0] != "rl":
-        raise ValueError("group=G is an option of rl (from a copy of a start: see the docstring)")
+    iterations = int(options.get("iterations", 0))
+    if (group != 1 or iterations) and args[0] != "rl":
+        raise ValueError("group=G and iterations=N are options of rl (from a copy of a start: see the docstring)")
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
         if args[0] == "start":
             return
         if not gate:
             raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
-    design, cfg = config(follow, start_seed, group)
+    design, cfg = config(follow, start_seed, group, iterations)
     rows = ROWS[options.get("rows", "both")]
     summary = "narrow-gap-plain.json" if options.get("rows") == "plain" else "narrow-gap.json"
     run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg, first=FIRST)
@@ -110,4 +115,4 @@ def main(args: list[str]) -> None:
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
     run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain] "
-                     "[start=S] [group=G]")
+                     "[start=S] [group=G] [iterations=N]")
