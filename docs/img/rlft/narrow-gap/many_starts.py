@@ -131,7 +131,7 @@ def table(rows: list[dict[str, Any]], result: dict[str, Any], label: str = "RLFT
                   f"{span('start_regret')}: {'holds' if result['S2'] else 'fails'}.",
                   f"- Coverage@50 across starts: {label} {span('bonus_coverage')} against the starts' "
                   f"{span('start_coverage')}.",
-                  *([f"- Minus the same run with the batch baseline ({result['other']}), across starts: "
+                  *([f"- Minus the same run under `{result['other']}`, across starts: "
                      f"{result['minus_other'][0]:+.2f} [{result['minus_other'][1]:+.2f}, "
                      f"{result['minus_other'][2]:+.2f}]; per start (95% CI over instances): "
                      + ", ".join(f"{r['start_seed']}: {r['minus_other'][0]:+.2f} [{r['minus_other'][1]:+.2f}, "
