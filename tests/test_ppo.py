@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 
+from turnrl import envs
 from turnrl.errors import TurnRLError
 from turnrl.train.core import split_modules
 from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, new_value_head, policy_forward, train_ppo
@@ -83,10 +85,6 @@ def test_ppo_group_size_plays_each_task_g_times_with_a_leave_one_out_baseline(ti
     assert specs[0].task_id != specs[2].task_id and len({s.seed for s in specs}) == 4
     assert [s.index for s in specs] == [12, 13, 14, 15]
     # group 1: the plan of every earlier run, unchanged (the draws as first written, restated here)
-    import numpy as np
-
-    from turnrl import envs
-
     ids = envs.make("bandit", **cfg.env_opts).task_ids("train")
     rng = np.random.default_rng([cfg.seed, 0, 3])
     picks = rng.choice(len(ids), size=4, replace=False)

@@ -46,22 +46,16 @@ from turnrl.pipelines.iterative import check_settings  # noqa: E402
 FIRST = 500000  # the 500 instances of the test
 
 
-def config(follow: float, start_seed: int = 0, group: int = 1, iterations: int = 0) -> tuple[str, dict[str, Any]]:
+def config(follow: float, start_seed: int = 0) -> tuple[str, dict[str, Any]]:
     """The design name recorded in OUT and its settings: NARROW_GAP with the start's ``follow`` and
-    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts), PPO's ``group_size``
-    ``group`` when it is not 1 and its ``iterations`` when given (not 0)."""
+    ``start_seed`` (the seed of its data and SFT; 0 for the first two starts)."""
     if not 0.0 < follow < 0.5:
         raise ValueError(f"FOLLOW must lie in (0, 0.5), so that greedy decoding repeats the arm, not {follow}")
     cfg = {**gs.NARROW_GAP, "greedy_policy": f"lose-shift:threshold=-0.5,follow={follow:g}"}
     if start_seed:
         cfg["start_seed"] = start_seed
-    if group != 1:
-        cfg["ppo"] = {**cfg["ppo"], "group_size": group}
-    if iterations:
-        cfg["ppo"] = {**cfg["ppo"], "iterations": iterations}
     name = "narrow-gap" if cfg["greedy_policy"] == gs.NARROW_GAP["greedy_policy"] else f"narrow-gap, follow={follow:g}"
-    name += (f", start={start_seed}" if start_seed else "") + (f", group_size={group}" if group != 1 else "")
-    return name + (f", iterations={iterations}" if iterations else ""), cfg
+    return name + (f", start={start_seed}" if start_seed else ""), cfg
 
 
 def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
@@ -79,7 +73,8 @@ def start(out: Path, follow: float, start_seed: int = 0) -> dict[str, Any]:
         pool.close()
     r = json.loads(Path(plan["evals"]["greedy-like SFT"][0][2][0]).read_text())
     res = {"follow": follow, "start_seed": start_seed, "regret": float(np.mean(r["final_regret"])),
-           "coverage": float(np.mean(r["final_coverage"])), "low_replies": r.get("low_replies", 0), "moves_on_low": r.get("moves_on_low") or 0.0}
+           "coverage": float(np.mean(r["final_coverage"])), "low_replies": r.get("low_replies", 0),
+           "moves_on_low": r.get("moves_on_low") or 0.0}
     res["gate"] = bool(res["coverage"] <= 0.20 and res["moves_on_low"] <= 0.10)
     print(f"start (follow {follow:g}) on the 50 instances: regret@50 {res['regret']:.2f}, coverage@50 "
           f"{res['coverage']:.2f}, Low. acted on {res['moves_on_low']:.0%} of {res['low_replies']}; gate "
@@ -97,9 +92,11 @@ def main(args: list[str]) -> None:
         if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key not in ("start", "group", "iterations")
                                                                             or not value.isdigit()):
             raise ValueError(f"unknown option {key}={value}")
-    start_seed, group = int(options.get("start", 0)), int(options.get("group", 1))
-    iterations = int(options.get("iterations", 0))
-    if (group != 1 or iterations) and args[0] != "rl":
+    start_seed = int(options.get("start", 0))
+    # PPO settings changed from the design's (ppo_variant's mechanism), in the order the design name lists them
+    changes = {key: int(options[opt]) for key, opt in (("group_size", "group"), ("iterations", "iterations"))
+               if opt in options}
+    if changes and args[0] != "rl":
         raise ValueError("group=G and iterations=N are options of rl (from a copy of a start: see the docstring)")
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
@@ -107,10 +104,12 @@ def main(args: list[str]) -> None:
             return
         if not gate:
             raise TurnRLError(f"{out}: the start failed the gate (start.json), so no PPO runs")
-    design, cfg = config(follow, start_seed, group, iterations)
+    design, cfg = config(follow, start_seed)
+    design += "".join(f", {key}={value}" for key, value in changes.items())
     rows = ROWS[options.get("rows", "both")]
     summary = "narrow-gap-plain.json" if options.get("rows") == "plain" else "narrow-gap.json"
-    run_variant(out, {}, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg, first=FIRST)
+    run_variant(out, changes, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg,
+                first=FIRST)
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
