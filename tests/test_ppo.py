@@ -136,6 +136,78 @@ def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
     return model, tok, sample
 
 
+def test_pack_runs_computes_each_episodes_prefix_once_and_matches_plain_packing(tiny_dir: Path) -> None:
+    """The turns of an episode, each its own sequence, share the instruction: ``pack_runs`` lays
+    out each episode's run once per row-sized unit, and log-probs and values equal plain packing's."""
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.forward import common_prefix_length, pack, pack_runs
+
+    tok = load_tokenizer(str(tiny_dir))
+    model = load_model(str(tiny_dir), dtype="float32")
+    chat = ChatFormat(tok)
+    system = {"role": "system", "content": "You press one of 3 buttons: blue, green, red. Reply ACTION=X."}
+
+    def turn(obs: str, reply: str) -> Any:
+        enc = chat.encode([system, {"role": "user", "content": obs}, {"role": "assistant", "content": reply}],
+                          trainable_turns=[0])
+        assert enc is not None
+        return enc
+
+    seqs = [turn("Step=1 Action=blue Reward=0.3", "High. ACTION=blue"),
+            turn("Step=2 Action=blue Reward=-0.9", "Low. ACTION=green"),
+            turn("Step=3 Action=green Reward=1.2", "High. ACTION=green"),
+            turn("Step=1 Action=red Reward=0.1", "High. ACTION=red"),
+            turn("Step=2 Action=red Reward=0.4", "High. ACTION=red")]
+    episodes = [0, 0, 0, 1, 1]
+    p = common_prefix_length([s.input_ids for s in seqs])
+    assert p > 0  # at least the system message is shared
+    # rows with room for any two turns but no three: episode 0's run is split in two units
+    lengths = [len(s.input_ids) for s in seqs]
+    row = 2 * max(lengths) - p
+    assert 3 * min(lengths) - 2 * max(common_prefix_length([a.input_ids, b.input_ids])
+                                      for a in seqs for b in seqs if a is not b) > row
+    shared = pack_runs(seqs, episodes, row_tokens=row)
+    plain = pack(seqs, row_tokens=row)
+    assert shared.segments is not None
+    units = [u for r in shared.segments for u in r]
+    # (turns 1-2), (episode 1's two turns) and turn 3 alone, which is all prefix (no suffix)
+    assert sorted(len(u[2]) for u in units) == [0, 2, 2]
+    assert shared.real_tokens < plain.real_tokens
+    head = new_value_head(model, str(tiny_dir))
+    with torch.no_grad():
+        torch.nn.init.normal_(head.weight)
+        a = policy_forward(model, shared, value_head=head)
+        b = policy_forward(model, plain, value_head=head)
+
+    def per_seq(fw: Any, batch: Any) -> torch.Tensor:
+        return torch.zeros(len(seqs)).index_add_(0, batch.seq_index, fw.logps)
+
+    assert torch.allclose(per_seq(a, shared), per_seq(b, plain), atol=1e-5)
+    assert a.values is not None and b.values is not None and torch.allclose(a.values, b.values, atol=1e-5)
+    assert not torch.allclose(a.values, a.values[0].expand_as(a.values))  # each turn reads its own state
+    # keys must match the sequences; shared=False is plain packing
+    with pytest.raises(ValueError, match="5 sequences but 4 keys"):
+        pack_runs(seqs, episodes[:4])
+    assert pack_runs(seqs, episodes, row_tokens=row, shared=False).real_tokens == plain.real_tokens
+
+
+def test_ppo_shared_prefix_and_plain_packing_train_the_same(tiny_dir: Path, tmp_path: Path) -> None:
+    """The same run with and without shared prefixes: the same rollouts and, up to float rounding,
+    the same losses, ratios and KLs at every step."""
+    runs = {}
+    for shared in (True, False):
+        out = tmp_path / f"shared-{shared}"
+        train_ppo(str(tiny_dir), "bandit", out, bandit_cfg(iterations=1, shared_prefix=shared))
+        runs[shared] = metrics(out)
+    a, b = runs[True], runs[False]
+    assert len(a) == len(b) == 4
+    assert a[0]["rollout/return"] == b[0]["rollout/return"]
+    for x, y in zip(a, b, strict=True):
+        for key in ("loss", "ratio", "kl", "approx_kl", "grad_norm"):
+            assert x[key] == pytest.approx(y[key], rel=1e-3, abs=1e-5), (x["step"], key)
+
+
 def _grad_norm(model: Any) -> float:
     return float(sum(p.grad.abs().sum() for p in model.parameters() if p.grad is not None))
 

@@ -3,8 +3,10 @@
 Sequences are packed first-fit-decreasing into rows of at most ``row_tokens`` tokens;
 inside a row, ``position_ids`` restart at 0 for each sequence and no attention mask is
 passed, so ``transformers`` builds a block-diagonal causal mask (packed-sequence
-detection) and no sequence attends to another. Rows are padded only at their tail, to the
-longest row. The LM head runs only where the next token is an agent token
+detection) and no sequence attends to another. Under ``sdpa`` that mask is not what
+attention runs on (see below): each sequence is one causal attention call, so a row of many
+short sequences does not pay for a dense row-by-row attention. Rows are padded only at their
+tail, to the longest row. The LM head runs only where the next token is an agent token
 (``logits_to_keep`` with explicit positions), so neither observation nor padding
 positions pay for the vocabulary projection.
 
@@ -22,8 +24,8 @@ checks it). This needs an attention implementation that takes a custom 4-D mask 
 
 Under ``sdpa`` the 4-D mask is not what attention runs on: a dense masked attention over a
 row computes every query against every key of the row (the kernel cannot skip masked
-blocks), so a pair would pay for its chosen suffix attending to its rejected suffix, and for
-the padding. :func:`token_logps` instead runs attention segment by segment
+blocks), so a pair would pay for its chosen suffix attending to its rejected suffix, a packed
+sequence for every other sequence of its row, and both for the padding. :func:`token_logps` instead runs attention segment by segment
 (:func:`segment_attention`, registered with ``transformers.AttentionInterface`` for the
 duration of the forward pass): each prefix is one causal attention call (the kernel skips
 the upper triangle), each suffix one call of its queries against ``[prefix | suffix]``
@@ -67,7 +69,8 @@ class PackedBatch:
     #: [R, 1, W, W] bool, True where a query (dim 2) may attend to a key (dim 3); None for
     #: plain packing (block-diagonal from ``position_ids``)
     attention_mask: torch.Tensor | None = None
-    #: the shared-prefix layout of every row (see :func:`segment_attention`); None for plain packing
+    #: the layout of every row (see :func:`segment_attention`): its units, each a prefix and its
+    #: suffixes; in plain packing every sequence is a unit that is all prefix
     segments: list[RowSegments] | None = None
 
 
@@ -114,6 +117,35 @@ def pack_shared(units: Sequence[Sequence[Tokenized]], *, row_tokens: int = 2048,
     See the module docstring for the layout.
     """
     return _layout(units, row_tokens=row_tokens, pad_id=pad_id, shared=True)
+
+
+def pack_runs(seqs: Sequence[Tokenized], keys: Sequence[Any], *, row_tokens: int = 2048, pad_id: int = 0,
+              shared: bool = True) -> PackedBatch:
+    """Pack sequences whose runs of equal ``keys`` share a prefix, e.g. the turns of one episode,
+    each tokenized as its own sequence, which share at least the instruction.
+
+    A run of consecutive sequences with the same key is a unit of :func:`pack_shared` (its
+    common prefix computed once); a unit is closed before its layout (prefix + suffixes) would
+    pass ``row_tokens``, so units never force a row wider than the widest sequence. Sequences
+    keep their order in ``seq_index``. ``shared=False``: plain :func:`pack`.
+    """
+    if len(keys) != len(seqs):
+        raise ValueError(f"pack_runs: {len(seqs)} sequences but {len(keys)} keys")
+    if not shared:
+        return pack(seqs, row_tokens=row_tokens, pad_id=pad_id)
+    units: list[list[Tokenized]] = []
+    prefix = size = 0
+    for i, s in enumerate(seqs):
+        if units and keys[i] == keys[i - 1]:
+            p = min(prefix, common_prefix_length([units[-1][0].input_ids, s.input_ids]))
+            grown = size + (prefix - p) * (len(units[-1]) - 1) + len(s.input_ids) - p
+            if grown <= row_tokens:
+                units[-1].append(s)
+                prefix, size = p, grown
+                continue
+        units.append([s])
+        prefix = size = len(s.input_ids)
+    return pack_shared(units, row_tokens=row_tokens, pad_id=pad_id)
 
 
 def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: int, shared: bool) -> PackedBatch:
@@ -184,7 +216,7 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
         computed_tokens=len(rows) * width,
         real_tokens=sum(fill),
         attention_mask=mask,
-        segments=segments if shared else None,
+        segments=segments,
     )
 
 
@@ -226,7 +258,7 @@ def segment_attention(
     ``query`` is ``[R, heads, W, dim]`` (``key``/``value`` may have fewer heads: GQA is left
     to transformers' ``sdpa_attention_forward``). Returns ``[R, W, heads, dim]`` like it; padding
     positions get zeros (no token attends to them and nothing reads them). Outside
-    :func:`token_logps` (no layout set) this is plain ``sdpa`` attention with ``attention_mask``.
+    :func:`forward_packed` (no layout set) this is plain ``sdpa`` attention with ``attention_mask``.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -237,30 +269,41 @@ def segment_attention(
     layout, masks = active
     width = query.shape[2]
     rows = []
-    for r, units in enumerate(layout):
-        pieces = []
-        used = 0
+    # Pieces are taken with one unbind and one split per row, not by slicing: the backward of a
+    # slice writes into a zero gradient the size of the whole tensor, once per slice.
+    for r, (q_row, k_row, v_row) in enumerate(zip(query.unbind(0), key.unbind(0), value.unbind(0), strict=True)):
+        units = layout[r]
+        sizes: list[int] = []
         for start, p, suffixes in units:
-            pk, pv = key[r : r + 1, :, start : start + p], value[r : r + 1, :, start : start + p]
+            if start != sum(sizes) or any(s0 != start + p + sum(n for _, n in suffixes[:i])
+                                          for i, (s0, _) in enumerate(suffixes)):
+                raise ValueError(f"segment layout of row {r} is not contiguous: {units}")
+            sizes += [p, *(n for _, n in suffixes)]
+        used = sum(sizes)
+        q_parts, k_parts, v_parts = (t.split([*sizes, width - used], dim=1) for t in (q_row, k_row, v_row))
+        pieces = []
+        at = 0
+        for _, p, suffixes in units:
+            pk, pv = k_parts[at][None], v_parts[at][None]
             if p:
-                out, _ = sdpa_attention_forward(module, query[r : r + 1, :, start : start + p], pk, pv, None,
-                                                dropout=dropout, scaling=scaling, is_causal=True)
+                out, _ = sdpa_attention_forward(module, q_parts[at][None], pk, pv, None, dropout=dropout,
+                                                scaling=scaling, is_causal=True)
                 pieces.append(out)
-            for s0, n in suffixes:
-                q = query[r : r + 1, :, s0 : s0 + n]
-                k = torch.cat([pk, key[r : r + 1, :, s0 : s0 + n]], dim=2)
-                v = torch.cat([pv, value[r : r + 1, :, s0 : s0 + n]], dim=2)
+            for _, n in suffixes:
+                at += 1
+                k = torch.cat([pk, k_parts[at][None]], dim=2)
+                v = torch.cat([pv, v_parts[at][None]], dim=2)
                 mask = masks.get((p, n))
                 if mask is None:
                     mask = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
                     mask[:, p:] = torch.tril(mask[:, p:])
                     mask = masks.setdefault((p, n), mask[None, None])
-                out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling)
+                out, _ = sdpa_attention_forward(module, q_parts[at][None], k, v, mask, dropout=dropout,
+                                                scaling=scaling)
                 pieces.append(out)
-            used = max(used, start + p + sum(n for _, n in suffixes))
+            at += 1
         if used < width:
-            shape = pieces[0].shape if pieces else (1, 0, query.shape[1], value.shape[-1])
-            pieces.append(query.new_zeros(1, width - used, shape[2], shape[3]))
+            pieces.append(query.new_zeros(1, width - used, query.shape[1], value.shape[-1]))
         rows.append(torch.cat(pieces, dim=1))
     return torch.cat(rows, dim=0), None
 
@@ -292,27 +335,61 @@ def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
         _active_segments.reset(token)
 
 
+def forward_packed(model: Any, batch: PackedBatch, **kwargs: Any) -> Any:
+    """``model(...)`` on a packed batch (``kwargs`` go to the model): plain packing relies on
+    ``position_ids``; a shared-prefix layout passes its 4-D mask in the form the model's
+    attention takes and, under ``sdpa``, runs :func:`segment_attention`."""
+    device = next(model.parameters()).device
+    if batch.attention_mask is not None:
+        kwargs["attention_mask"] = _model_mask(model, batch.attention_mask, device)
+    with _segments_active(model, batch):
+        return model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
+                     use_cache=False, **kwargs)
+
+
+def kept_logits(model: Any, batch: PackedBatch, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """``[K, V]`` logits at the batch's kept positions (those whose next token is an agent
+    token) and the model's output (``kwargs`` go to the model, e.g. ``output_hidden_states``).
+
+    The LM head runs at exactly those positions: a forward pre-hook on the model's output
+    embeddings gathers them from the ``[R, W, H]`` hidden states, so whatever the model does
+    to the head's output (e.g. soft-capping) still applies. A model whose head is not reached
+    that way gets ``logits_to_keep`` on the union of the kept columns (every row pays for the
+    columns any row needs), or the full logits where ``logits_to_keep`` is not taken.
+    """
+    device = next(model.parameters()).device
+    width = batch.input_ids.shape[1]
+    rows, cols = (batch.keep // width).to(device), (batch.keep % width).to(device)
+    inner = getattr(model, "module", model)  # under DDP the wrapped model has the head
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is not None:
+        fired = []
+
+        def gather(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            fired.append(True)
+            return (args[0][rows, cols].unsqueeze(0), *args[1:])
+
+        handle = head.register_forward_pre_hook(gather)
+        try:
+            out = forward_packed(model, batch, **kwargs)
+        finally:
+            handle.remove()
+        if fired and out.logits.shape[:2] == (1, rows.numel()):
+            return out.logits[0], out
+    union, col_in_union = torch.unique(cols, return_inverse=True)
+    try:
+        out = forward_packed(model, batch, logits_to_keep=union, **kwargs)
+        return out.logits[rows, col_in_union], out
+    except TypeError:  # a model without logits_to_keep: full logits
+        out = forward_packed(model, batch, **kwargs)
+        return out.logits[rows, cols], out
+
+
 def token_logps(model: Any, batch: PackedBatch) -> torch.Tensor:
     """``log p(label | prefix)`` at every kept position, ``[K]`` float32, with grad."""
     device = next(model.parameters()).device
-    ids = batch.input_ids.to(device)
-    pos = batch.position_ids.to(device)
-    width = ids.shape[1]
     if batch.keep.numel() == 0:
         return torch.zeros(0, device=device)
-    rows = batch.keep // width
-    cols = batch.keep % width
-    # Only the columns some row needs go through the LM head (exactly the kept ones for one row).
-    union, col_in_union = torch.unique(cols, return_inverse=True)
-    extra: dict[str, Any] = {}
-    if batch.attention_mask is not None:
-        extra["attention_mask"] = _model_mask(model, batch.attention_mask, device)
-    with _segments_active(model, batch):
-        try:
-            out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=union.to(device), **extra)
-            logits = out.logits[rows.to(device), col_in_union.to(device)]  # [K, V]
-        except TypeError:  # a model without logits_to_keep: full logits
-            out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra)
-            logits = out.logits[rows.to(device), cols.to(device)]
+    logits, _ = kept_logits(model, batch)
     logps = torch.log_softmax(logits.float(), dim=-1)
     return logps.gather(-1, batch.labels.to(device).unsqueeze(-1)).squeeze(-1)

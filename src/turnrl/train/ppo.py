@@ -106,7 +106,7 @@ from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
 from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
 from turnrl.tokenization import ChatFormat, Encoded
 from turnrl.train.core import LoraSettings, TrainConfig, Trainer, TrainResult, _is_peft
-from turnrl.train.forward import PackedBatch, pack
+from turnrl.train.forward import PackedBatch, kept_logits, pack_runs
 
 __all__ = ["PPOConfig", "PPOObjective", "PPORunner", "TurnSample", "train_ppo"]
 
@@ -159,6 +159,10 @@ class PPOConfig(TrainConfig):
     turns_per_episode: int = 0
     max_length: int = 2048
     row_tokens: int = 2048
+    #: the turns of an episode, each its own sequence, share at least the instruction: compute
+    #: that prefix once per episode (``forward.pack_runs``; needs an attention implementation
+    #: taking 4-D masks: set false under ``flash_attention_2``)
+    shared_prefix: bool = True
     #: evaluation every ``eval_every`` steps (trainer core) plays this many greedy episodes
     eval_episodes: int = 0
     eval_split: str = "seen"
@@ -251,17 +255,12 @@ def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_
     position before its first agent token: the last prompt token; ``detach_value``: from a
     detached hidden state, so the value's gradient stops at the head)."""
     device = next(model.parameters()).device
-    ids = batch.input_ids.to(device)
-    pos = batch.position_ids.to(device)
-    width = ids.shape[1]
+    width = batch.input_ids.shape[1]
     if batch.keep.numel() == 0:
         raise TurnRLError("PPO batch without agent tokens")
     rows = batch.keep // width
     cols = batch.keep % width
-    union, col_in_union = torch.unique(cols, return_inverse=True)
-    out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=union.to(device),
-                output_hidden_states=value_head is not None)
-    logits = out.logits[rows.to(device), col_in_union.to(device)]
+    logits, out = kept_logits(model, batch, output_hidden_states=value_head is not None)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     logps = logprobs.gather(-1, batch.labels.to(device).unsqueeze(-1)).squeeze(-1)
     seq = batch.seq_index
@@ -306,13 +305,19 @@ class PPOObjective:
     def units(self, examples: Sequence[list[TurnSample]]) -> float:
         return float(sum(s.tokens for ep in examples for s in ep))
 
+    def pack(self, samples: Sequence[TurnSample]) -> PackedBatch:
+        """The samples packed in order, each episode's run of turns sharing its common prefix
+        (``shared_prefix``)."""
+        return pack_runs([s.enc for s in samples], [s.episode for s in samples], row_tokens=self.cfg.row_tokens,
+                         pad_id=self.pad_id, shared=self.cfg.shared_prefix)
+
     def __call__(self, model: Any, examples: Sequence[list[TurnSample]]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         samples = [s for ep in examples for s in ep]
         if not samples:
             p = next(model.parameters())
             return p.sum() * 0.0, {}
-        batch = pack([s.enc for s in samples], row_tokens=cfg.row_tokens, pad_id=self.pad_id)
+        batch = self.pack(samples)
         full = cfg.kl_estimator == "full" and cfg.beta_kl > 0
         fw = policy_forward(model, batch, full=full, value_head=self.value_head, detach_value=not cfg.value_trunk)
         device = fw.logps.device
@@ -586,7 +591,7 @@ class PPORunner:
         model.eval()
         try:
             for chunk in self._chunks([s for eps in episodes for s in eps]):
-                batch = pack([s.enc for s in chunk], row_tokens=self.cfg.row_tokens, pad_id=self.objective.pad_id)
+                batch = self.objective.pack(chunk)
                 fw = policy_forward(model, batch, value_head=self.objective.value_head if values else None)
                 parts = _split_by_seq(fw.logps.cpu(), fw.seq_order, [s.tokens for s in chunk])
                 for k, s in enumerate(chunk):
@@ -599,7 +604,7 @@ class PPORunner:
     @torch.no_grad()
     def _ref_pass(self, samples: Sequence[TurnSample]) -> None:
         for chunk in self._chunks(samples):
-            batch = pack([s.enc for s in chunk], row_tokens=self.cfg.row_tokens, pad_id=self.objective.pad_id)
+            batch = self.objective.pack(chunk)
             lp = self.ref_logprobs(batch)
             labels = batch.labels.to(lp.device)
             logps = lp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,208 @@
+"""One PPO iteration's compute on per-turn samples: turnrl's packed forward with each episode's
+prefix computed once, against padded batches (how TRL's GRPO and PPO trainers compute
+per-token log-probs) and against turnrl's own plain packing.
+
+PPO with ``history=0`` trains every agent turn as its own sequence (instruction + the
+observation + the reply), so the turns of an episode repeat the instruction. The data is the
+narrow-gap bandit design's rollout shape (docs/rlft.md): 10 arms, one history line, the
+study's instruction, 16 episodes of 20 steps, one-word rationale + ``ACTION=X`` replies (the
+``lose-shift`` script's). An iteration is what ``turnrl train ppo`` computes after the
+rollout: the old-policy pass and the reference pass (no grad), then ``--epochs`` x
+``--minibatches`` forward + backward passes of the clipped PPO loss with the k3 KL.
+
+* ``turnrl``: ``PPOObjective`` with ``shared_prefix`` (the default): ``forward.pack_runs``, each
+  episode's run of turns one unit whose common prefix is computed once, attention segment by
+  segment, the LM head at agent tokens only;
+* ``turnrl-plain``: the same with ``shared_prefix=false`` (packed rows, no padding inside a row);
+* ``padded``: each minibatch left-padded (prompts) and right-padded (replies) to its longest
+  sequence with an attention mask, the LM head on the reply span (``logits_to_keep``), as TRL's
+  GRPO trainer computes per-token log-probs; the same loss.
+
+All three compute the same log-probs (checked: per-sequence sums agree to 1e-4) and take the
+same optimizer steps (plain SGD, so that the three start each round from the same weights).
+Time is the process's CPU time on a CPU (run with ``OMP_NUM_THREADS=1``) and wall time on a
+GPU; the best of ``--repeats`` rounds after an untimed warm-up. The last line is one JSON object
+with ``ratio`` = padded time / turnrl time (above 1: turnrl is faster) and ``ratio_plain``.
+
+    OMP_NUM_THREADS=1 python benchmarks/ppo_update.py [--model DIR] [--episodes 16] [--steps 20]
+                                                      [--minibatches 2] [--epochs 2] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from turnrl import envs
+from turnrl import greedy_study as gs
+from turnrl.agent.prompting import PromptConfig, agent_view
+from turnrl.losses import ppo_loss
+from turnrl.models.loading import load_model, load_tokenizer
+from turnrl.rollout.sampler import EpisodeSpec, Sampler
+from turnrl.tokenization import ChatFormat
+from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward
+
+
+def _clock(cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def rollout(chat: ChatFormat, episodes: int, steps: int) -> list[list[TurnSample]]:
+    """The narrow-gap start's script played on ``episodes`` train tasks, every turn tokenized as
+    PPO tokenizes it (``history=0``)."""
+    opts = {**gs.NARROW_GAP["bandit_env"], "horizon": steps}
+    policy = gs.CompactBanditPolicy(gs.NARROW_GAP["greedy_policy"])
+    probe = envs.make("bandit", **opts)
+    ids = probe.task_ids("train")[:episodes]
+    probe.close()
+    sampler = Sampler(lambda: envs.make("bandit", **opts), policy, env_name="bandit", num_envs=episodes,
+                      prompt=PromptConfig(history=0, instruction=gs.BANDIT_INSTRUCTION))
+    try:
+        trajs = sampler.run([EpisodeSpec(j, "train", t, j) for j, t in enumerate(ids)])
+    finally:
+        sampler.close()
+    rng = np.random.default_rng(0)
+    out = []
+    for e, traj in enumerate(trajs):
+        turns = []
+        n = sum(m.role == "assistant" for m in traj.messages)
+        for t in range(n):
+            view, local = agent_view(traj.messages, t, 0)
+            enc = chat.encode(view, trainable_turns=[local])
+            assert enc is not None
+            turns.append(TurnSample(enc, e, t, advantage=float(rng.standard_normal())))
+        out.append(turns)
+    return out
+
+
+def padded_logps(model: Any, samples: list[TurnSample], pad_id: int) -> torch.Tensor:
+    """Per-token log-probs of the agent tokens, flat in sample order, from one padded batch:
+    prompts left-padded, replies right-padded, the LM head on the reply span only."""
+    device = next(model.parameters()).device
+    splits = []
+    for s in samples:
+        first = s.enc.action_mask.index(1)
+        splits.append((s.enc.input_ids[:first], s.enc.input_ids[first:], s.enc.action_mask[first:]))
+    p_w = max(len(p) for p, _, _ in splits)
+    c_w = max(len(c) for _, c, _ in splits)
+    ids = torch.full((len(samples), p_w + c_w), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    keep = torch.zeros((len(samples), c_w), dtype=torch.bool)
+    for i, (p, c, m) in enumerate(splits):
+        ids[i, p_w - len(p) : p_w + len(c)] = torch.tensor(p + c)
+        attn[i, p_w - len(p) : p_w + len(c)] = 1
+        keep[i, : len(c)] = torch.tensor(m, dtype=torch.bool)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                use_cache=False, logits_to_keep=c_w + 1)
+    logits = out.logits[:, :-1]  # position j predicts token j + 1: the reply span's tokens
+    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, p_w:].to(device).unsqueeze(-1)).squeeze(-1)
+    return logps[keep.to(device)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
+    ap.add_argument("--episodes", type=_positive, default=16)
+    ap.add_argument("--steps", type=_positive, default=20)
+    ap.add_argument("--minibatches", type=_positive, default=2)
+    ap.add_argument("--epochs", type=_positive, default=2)
+    ap.add_argument("--repeats", type=_positive, default=2)
+    args = ap.parse_args()
+    model_dir = args.model
+    if model_dir is None:
+        from turnrl.models.tiny import build_tiny
+
+        model_dir = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    cuda = torch.cuda.is_available()
+    tok = load_tokenizer(model_dir)
+    chat = ChatFormat(tok)
+    pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
+    start = load_model(model_dir, device="cuda" if cuda else "cpu", dtype="float32")
+    episodes = rollout(chat, args.episodes, args.steps)
+    samples = [s for ep in episodes for s in ep]
+    per_mb = -(-len(episodes) // args.minibatches)
+    minibatches = [[s for ep in episodes[i : i + per_mb] for s in ep] for i in range(0, len(episodes), per_mb)]
+    lengths = [len(s.enc.input_ids) for s in samples]
+
+    def iteration(name: str, model: Any, ref: Any) -> list[float]:
+        """Old and reference passes, then the updates; returns each sample's summed old log-prob."""
+        obj = PPOObjective(PPOConfig(shared_prefix=name == "turnrl", beta_kl=0.1), pad_id)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        sums = []
+        for mb in minibatches:
+            with torch.no_grad():
+                if name == "padded":
+                    old, reflp = padded_logps(model, mb, pad_id), padded_logps(ref, mb, pad_id)
+                else:
+                    batch = obj.pack(mb)
+                    order = torch.argsort(batch.seq_index, stable=True)  # tokens back in sample order
+                    old = policy_forward(model, batch).logps[order]
+                    reflp = policy_forward(ref, batch).logps[order]
+            at = 0
+            for s in mb:
+                s.old_logps, s.ref_logps = old[at : at + s.tokens].cpu(), reflp[at : at + s.tokens].cpu()
+                sums.append(float(s.old_logps.sum()))
+                at += s.tokens
+        for _ in range(args.epochs):
+            for mb in minibatches:
+                opt.zero_grad()
+                if name == "padded":
+                    logps = padded_logps(model, mb, pad_id)
+                    counts = torch.tensor([s.tokens for s in mb])
+                    adv = torch.repeat_interleave(torch.tensor([s.advantage for s in mb]), counts).to(logps.device)
+                    old = torch.cat([s.old_logps for s in mb]).to(logps.device)  # type: ignore[misc]
+                    ref_l = torch.cat([s.ref_logps for s in mb]).to(logps.device)  # type: ignore[misc]
+                    losses, _ = ppo_loss(logps, old, adv, clip_eps=0.2, beta_kl=0.1, ref_logps=ref_l,
+                                         kl_estimator="k3")
+                    loss = losses.sum()
+                else:
+                    loss, _ = obj(model, [mb])
+                loss.backward()
+                opt.step()
+        return sums
+
+    names = ("turnrl", "turnrl-plain", "padded")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    sums: dict[str, list[float]] = {}
+    for rep in range(args.repeats + 1):  # the first round warms up and is not timed
+        for name in names:
+            model = copy.deepcopy(start).train()
+            t0 = _clock(cuda)
+            sums[name] = iteration(name, model, start)
+            dt = _clock(cuda) - t0
+            if rep:
+                times[name].append(dt)
+    same = all(np.allclose(sums[n], sums["turnrl"], atol=1e-4) for n in names)
+    best = {n: min(ts) for n, ts in times.items()}
+    print(f"{len(samples)} turn sequences, {sum(lengths)} tokens ({np.mean(lengths):.0f} a turn), "
+          f"{sum(s.tokens for s in samples)} agent tokens; {args.epochs} epochs x {len(minibatches)} minibatches")
+    for n in names:
+        print(f"{n:13s} {best[n]:8.2f} s")
+    result = {"benchmark": "ppo_update", "device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
+              "episodes": len(episodes), "turns": len(samples), "tokens": sum(lengths),
+              **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in names},
+              "ratio": round(best["padded"] / best["turnrl"], 3),
+              "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3), "same_logps": bool(same)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
