@@ -40,16 +40,16 @@ def _value(text: str) -> Any:
 
 
 def run(out: Path, changes: dict[str, Any], rows: tuple[str, ...], seeds: list[int], summary_name: str,
-        design: str, base: dict[str, Any] = gs.KNOWING_DOING, first: int = 300000) -> dict[str, Any]:
+        design: str, base: dict[str, Any] = gs.KNOWING_DOING, first: int = 300000, jobs: int = 2) -> dict[str, Any]:
     """Train ``rows`` x ``seeds`` from ``base``'s start with its PPO settings changed by ``changes``, read
-    them and the start on the 500 instances from ``bandit-<first>``; returns (and writes to
-    ``OUT/summary_name``) the summary."""
+    them and the start on the 500 instances from ``bandit-<first>``, in ``jobs`` processes; returns (and
+    writes to ``OUT/summary_name``) the summary."""
     cfg = {**base, "ppo": {**base["ppo"], **changes}}
     ids = [f"bandit-{i}" for i in range(first, first + 500)]
     models = {label: [f"{TAGS[label]}-s{s}" for s in seeds] for label in rows}
     every = ["sft-greedy", *(m for ms in models.values() for m in ms)]
     parts = out / "eval-500"
-    pool = gs._Pool(2, lambda s: print(s, flush=True))
+    pool = gs._Pool(jobs, lambda s: print(s, flush=True))
     try:
         train_seeds(out, design, cfg, seeds, rows, pool, evaluate=False)
         pool.run(eval_tasks(out, parts, every, ids))

@@ -9,8 +9,10 @@ Two stages, each resumable (a finished stage's output is reused), and both in on
 ``start=S`` (any stage) makes another start of the design: its data and SFT are seeded by S (``start_seed``;
 the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt). ``group=G`` (``rl``) trains with
 ``group_size`` G: each rollout plays 16 / G tasks G times each, with the leave-one-out baseline of the episodes
-of a task (GROUP-BASELINE.txt); ``iterations=N`` trains for N PPO iterations instead of 20 (PILOT-40-ITERS.txt).
-With either, OUT is a folder of its own, holding a copy of the start's ``data/``,
+of a task (GROUP-BASELINE.txt); ``iterations=N`` trains for N PPO iterations instead of 20 (PILOT-40-ITERS.txt);
+``episodes=N`` plays N episodes an iteration instead of 16, all N in one lock-step batch (``episodes_per_iter`` and
+``num_envs`` N; LARGE-BATCH.txt); ``jobs=J`` trains in J processes at once (2 by default). With any of the first
+three, OUT is a folder of its own, holding a copy of the start's ``data/``,
 ``sft-greedy/``, ``start.json`` and ``eval-500/sft-greedy.json`` (the settings differ, so the start's folder
 refuses it).
 
@@ -89,15 +91,17 @@ def main(args: list[str]) -> None:
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
-        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (key not in ("start", "group", "iterations")
-                                                                            or not value.isdigit()):
+        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (
+                key not in ("start", "group", "iterations", "episodes", "jobs") or not value.isdigit()):
             raise ValueError(f"unknown option {key}={value}")
     start_seed = int(options.get("start", 0))
     # PPO settings changed from the design's (ppo_variant's mechanism), in the order the design name lists them
-    changes = {key: int(options[opt]) for key, opt in (("group_size", "group"), ("iterations", "iterations"))
+    changes = {key: int(options[opt]) for key, opt in (("group_size", "group"), ("iterations", "iterations"),
+                                                         ("episodes_per_iter", "episodes"), ("num_envs", "episodes"))
                if opt in options}
     if changes and args[0] != "rl":
-        raise ValueError("group=G and iterations=N are options of rl (from a copy of a start: see the docstring)")
+        raise ValueError("group=G, iterations=N and episodes=N are options of rl (from a copy of a start: see the "
+                         "docstring)")
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
         if args[0] == "start":
@@ -109,9 +113,9 @@ def main(args: list[str]) -> None:
     rows = ROWS[options.get("rows", "both")]
     summary = "narrow-gap-plain.json" if options.get("rows") == "plain" else "narrow-gap.json"
     run_variant(out, changes, rows, [int(s) for s in args[3:] if "=" not in s], summary, design, base=cfg,
-                first=FIRST)
+                first=FIRST, jobs=int(options.get("jobs", 2)))
 
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
     run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain] "
-                     "[start=S] [group=G] [iterations=N]")
+                     "[start=S] [group=G] [iterations=N] [episodes=N] [jobs=J]")
