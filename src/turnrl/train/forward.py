@@ -315,12 +315,14 @@ def _config(model: Any) -> Any:
 @contextlib.contextmanager
 def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
     """Run the model's attention as :func:`segment_attention` over ``batch``'s layout, when the
-    model uses ``sdpa`` (other implementations keep the 4-D mask). Under gradient
-    checkpointing the backward pass recomputes attention outside this context, on the 4-D
-    mask: the same values up to rounding, at the dense cost."""
+    model uses ``sdpa`` (other implementations keep the 4-D mask). Not under gradient
+    checkpointing: the backward pass recomputes attention outside this context, and a
+    recomputation must save the tensors the forward saved, so there attention runs on the 4-D
+    mask (shared prefixes) or the block-diagonal one (plain packing), at the dense cost."""
     config = _config(model)
     impl = getattr(config, "_attn_implementation", None)
-    if batch.segments is None or impl != "sdpa":
+    checkpointing = getattr(getattr(model, "module", model), "is_gradient_checkpointing", False)
+    if batch.segments is None or impl != "sdpa" or checkpointing:
         yield
         return
     from transformers import AttentionInterface
