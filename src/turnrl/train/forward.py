@@ -312,6 +312,18 @@ def _config(model: Any) -> Any:
     return getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
 
 
+def _checkpointing(model: Any) -> bool:
+    """Whether the model recomputes activations in the backward pass (DDP and PEFT wrappers looked
+    through; transformers >= 5 calls it activation checkpointing and warns on the old name)."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(inner), name):
+            return bool(getattr(inner, name))
+    return False
+
+
 @contextlib.contextmanager
 def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
     """Run the model's attention as :func:`segment_attention` over ``batch``'s layout, when the
@@ -321,8 +333,7 @@ def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
     mask (shared prefixes) or the block-diagonal one (plain packing), at the dense cost."""
     config = _config(model)
     impl = getattr(config, "_attn_implementation", None)
-    checkpointing = getattr(getattr(model, "module", model), "is_gradient_checkpointing", False)
-    if batch.segments is None or impl != "sdpa" or checkpointing:
+    if batch.segments is None or impl != "sdpa" or _checkpointing(model):
         yield
         return
     from transformers import AttentionInterface
