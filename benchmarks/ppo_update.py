@@ -34,11 +34,11 @@ import argparse
 import copy
 import json
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
 import torch
+from _timing import clock, positive  # beside this script
 
 from turnrl import envs
 from turnrl import greedy_study as gs
@@ -48,20 +48,6 @@ from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout.sampler import EpisodeSpec, Sampler
 from turnrl.tokenization import ChatFormat
 from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward
-
-
-def _clock(cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-        return time.perf_counter()
-    return time.process_time()
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def rollout(chat: ChatFormat, episodes: int, steps: int) -> list[list[TurnSample]]:
@@ -120,11 +106,11 @@ def padded_logps(model: Any, samples: list[TurnSample], pad_id: int) -> torch.Te
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
-    ap.add_argument("--episodes", type=_positive, default=16)
-    ap.add_argument("--steps", type=_positive, default=20)
-    ap.add_argument("--minibatches", type=_positive, default=2)
-    ap.add_argument("--epochs", type=_positive, default=2)
-    ap.add_argument("--repeats", type=_positive, default=2)
+    ap.add_argument("--episodes", type=positive, default=16)
+    ap.add_argument("--steps", type=positive, default=20)
+    ap.add_argument("--minibatches", type=positive, default=2)
+    ap.add_argument("--epochs", type=positive, default=2)
+    ap.add_argument("--repeats", type=positive, default=2)
     args = ap.parse_args()
     model_dir = args.model
     if model_dir is None:
@@ -185,9 +171,9 @@ def main() -> None:
     for rep in range(args.repeats + 1):  # the first round warms up and is not timed
         for name in names:
             model = copy.deepcopy(start).train()
-            t0 = _clock(cuda)
+            t0 = clock(cuda)
             sums[name] = iteration(name, model, start)
-            dt = _clock(cuda) - t0
+            dt = clock(cuda) - t0
             if rep:
                 times[name].append(dt)
     same = all(np.allclose(sums[n], sums["turnrl"], atol=1e-4) for n in names)

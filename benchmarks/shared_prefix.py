@@ -20,38 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 
 import torch
+from _timing import clock, positive  # beside this script
 
 from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout.engine import HFEngine, SamplingConfig, _left_pad
 from turnrl.tokenization import ChatFormat
 
 
-def _clock(cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-        return time.perf_counter()
-    return time.process_time()
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: a fresh tiny model)")
-    ap.add_argument("--prompts", type=_positive, default=16)
-    ap.add_argument("--k", type=_positive, default=5)
-    ap.add_argument("--prompt-tokens", type=_positive, default=600,
+    ap.add_argument("--prompts", type=positive, default=16)
+    ap.add_argument("--k", type=positive, default=5)
+    ap.add_argument("--prompt-tokens", type=positive, default=600,
                     help="the longest prompt; the others are up to 49 tokens shorter (at least 1)")
-    ap.add_argument("--new-tokens", type=_positive, default=48)
-    ap.add_argument("--repeats", type=_positive, default=3)
+    ap.add_argument("--new-tokens", type=positive, default=48)
+    ap.add_argument("--repeats", type=positive, default=3)
     args = ap.parse_args()
     model_dir = args.model
     if model_dir is None:
@@ -95,9 +81,9 @@ def main() -> None:
         samples = {}
         for name, fn in (("turnrl", turnrl_side), ("hf", hf_side)):
             torch.manual_seed(rep)
-            t0 = _clock(cuda)
+            t0 = clock(cuda)
             samples[name] = fn()
-            dt = _clock(cuda) - t0
+            dt = clock(cuda) - t0
             if rep:
                 times[name].append(dt)
         same = same and samples["turnrl"] == samples["hf"]
