@@ -33,12 +33,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import tempfile
 from typing import Any
 
 import numpy as np
 import torch
-from _timing import clock, positive  # beside this script
+from _common import clock, model_or_tiny, positive  # beside this script
 
 from turnrl import envs
 from turnrl import greedy_study as gs
@@ -112,11 +111,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=positive, default=2)
     ap.add_argument("--repeats", type=positive, default=2)
     args = ap.parse_args()
-    model_dir = args.model
-    if model_dir is None:
-        from turnrl.models.tiny import build_tiny
-
-        model_dir = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    model_dir = model_or_tiny(args.model)
     cuda = torch.cuda.is_available()
     tok = load_tokenizer(model_dir)
     chat = ChatFormat(tok)

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 
 import torch
-from _timing import clock, positive  # beside this script
+from _common import clock, model_or_tiny, positive  # beside this script
 
 from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout.engine import HFEngine, SamplingConfig, _left_pad
@@ -39,11 +38,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=positive, default=48)
     ap.add_argument("--repeats", type=positive, default=3)
     args = ap.parse_args()
-    model_dir = args.model
-    if model_dir is None:
-        from turnrl.models.tiny import build_tiny
-
-        model_dir = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    model_dir = model_or_tiny(args.model)
     cuda = torch.cuda.is_available()
     model = load_model(model_dir, device="cuda" if cuda else "cpu").eval()  # bf16 on a GPU
     tok = load_tokenizer(model_dir)

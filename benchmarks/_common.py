@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import torch
@@ -23,3 +24,12 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def model_or_tiny(model_dir: str | None) -> str:
+    """``model_dir``, or a fresh tiny model built in a temporary folder."""
+    if model_dir is not None:
+        return model_dir
+    from turnrl.models.tiny import build_tiny
+
+    return str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
