@@ -7,8 +7,8 @@ detection) and no sequence attends to another. Under ``sdpa`` that mask is not w
 attention runs on (see below): each sequence is one causal attention call, so a row of many
 short sequences does not pay for a dense row-by-row attention. Rows are padded only at their
 tail, to the longest row. The LM head runs only where the next token is an agent token
-(``logits_to_keep`` with explicit positions), so neither observation nor padding
-positions pay for the vocabulary projection.
+(:func:`kept_logits`), so neither observation nor padding positions pay for the
+vocabulary projection.
 
 Shared prefixes (:func:`pack_shared`): a *unit* is a group of sequences that begin with the
 same tokens -- the chosen and rejected trajectories of a preference pair share at least the
@@ -25,11 +25,11 @@ checks it). This needs an attention implementation that takes a custom 4-D mask 
 Under ``sdpa`` the 4-D mask is not what attention runs on: a dense masked attention over a
 row computes every query against every key of the row (the kernel cannot skip masked
 blocks), so a pair would pay for its chosen suffix attending to its rejected suffix, a packed
-sequence for every other sequence of its row, and both for the padding. :func:`token_logps` instead runs attention segment by segment
-(:func:`segment_attention`, registered with ``transformers.AttentionInterface`` for the
-duration of the forward pass): each prefix is one causal attention call (the kernel skips
-the upper triangle), each suffix one call of its queries against ``[prefix | suffix]``
-keys; padding is never attended. The result is the same up to float rounding (a test checks
+sequence for every other sequence of its row, and both for the padding.
+:func:`forward_packed` instead runs attention segment by segment (:func:`segment_attention`,
+registered with ``transformers.AttentionInterface`` for the duration of the forward pass):
+each prefix is one causal attention call (the kernel skips the upper triangle), each suffix
+one call of its queries against ``[prefix | suffix]`` keys; padding is never attended. The result is the same up to float rounding (a test checks
 it against the 4-D mask and against separate sequences).
 """
 
@@ -274,12 +274,13 @@ def segment_attention(
     for r, (q_row, k_row, v_row) in enumerate(zip(query.unbind(0), key.unbind(0), value.unbind(0), strict=True)):
         units = layout[r]
         sizes: list[int] = []
+        used = 0
         for start, p, suffixes in units:
-            if start != sum(sizes) or any(s0 != start + p + sum(n for _, n in suffixes[:i])
-                                          for i, (s0, _) in enumerate(suffixes)):
-                raise ValueError(f"segment layout of row {r} is not contiguous: {units}")
-            sizes += [p, *(n for _, n in suffixes)]
-        used = sum(sizes)
+            for s0, n in [(start, p), *suffixes]:
+                if s0 != used:
+                    raise ValueError(f"segment layout of row {r} is not contiguous: {units}")
+                sizes.append(n)
+                used += n
         q_parts, k_parts, v_parts = (t.split([*sizes, width - used], dim=1) for t in (q_row, k_row, v_row))
         pieces = []
         at = 0

@@ -255,11 +255,8 @@ def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_
     position before its first agent token: the last prompt token; ``detach_value``: from a
     detached hidden state, so the value's gradient stops at the head)."""
     device = next(model.parameters()).device
-    width = batch.input_ids.shape[1]
     if batch.keep.numel() == 0:
         raise TurnRLError("PPO batch without agent tokens")
-    rows = batch.keep // width
-    cols = batch.keep % width
     logits, out = kept_logits(model, batch, output_hidden_states=value_head is not None)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     logps = logprobs.gather(-1, batch.labels.to(device).unsqueeze(-1)).squeeze(-1)
@@ -270,7 +267,7 @@ def policy_forward(model: Any, batch: PackedBatch, *, full: bool = False, value_
     values = None
     if value_head is not None:
         hidden = out.hidden_states[-1]
-        h = hidden[rows[first].to(device), cols[first].to(device)]
+        h = hidden.flatten(0, 1)[batch.keep[first].to(device)]  # keep is row * width + col
         if detach_value:
             h = h.detach()
         v_in_order = value_head(h.to(next(value_head.parameters()).dtype)).squeeze(-1).float()

@@ -92,8 +92,9 @@ def main(args: list[str]) -> None:
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
         if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (
-                key not in ("start", "group", "iterations", "episodes", "jobs") or not value.isdigit()):
-            raise ValueError(f"unknown option {key}={value}")
+                key not in ("start", "group", "iterations", "episodes", "jobs") or not value.isdigit()
+                or (key != "start" and int(value) < 1)):
+            raise ValueError(f"unknown option {key}={value} (counts are whole numbers, at least 1)")
     start_seed = int(options.get("start", 0))
     # PPO settings changed from the design's (ppo_variant's mechanism), in the order the design name lists them
     changes = {key: int(options[opt]) for key, opt in (("group_size", "group"), ("iterations", "iterations"),
