@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -33,3 +35,30 @@ def model_or_tiny(model_dir: str | None) -> str:
     from turnrl.models.tiny import build_tiny
 
     return str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+
+
+def padded_logps(model: Any, encs: Sequence[Any], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The peer's forward pass, as TRL's trainers compute per-token log-probs: one batch, prompts
+    left-padded and replies right-padded to the longest, an attention mask, the LM head on the reply
+    span only (``logits_to_keep``). ``encs`` are ``tokenization.Encoded`` with one trainable reply
+    at the end. Returns the reply span's log-probs ``[B, C]`` and which of them are agent tokens."""
+    device = next(model.parameters()).device
+    splits = []
+    for e in encs:
+        first = e.action_mask.index(1)
+        splits.append((e.input_ids[:first], e.input_ids[first:], e.action_mask[first:]))
+    p_w = max(len(p) for p, _, _ in splits)
+    c_w = max(len(c) for _, c, _ in splits)
+    ids = torch.full((len(encs), p_w + c_w), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    keep = torch.zeros((len(encs), c_w), dtype=torch.bool)
+    for i, (p, c, m) in enumerate(splits):
+        ids[i, p_w - len(p) : p_w + len(c)] = torch.tensor(p + c)
+        attn[i, p_w - len(p) : p_w + len(c)] = 1
+        keep[i, : len(c)] = torch.tensor(m, dtype=torch.bool)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                use_cache=False, logits_to_keep=c_w + 1)
+    logits = out.logits[:, :-1]  # position j predicts token j + 1: the reply span's tokens
+    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, p_w:].to(device).unsqueeze(-1)).squeeze(-1)
+    return logps, keep.to(device)

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import clock, model_or_tiny, positive  # beside this script
+from _common import clock, model_or_tiny, padded_logps, positive  # beside this script
 
 from turnrl import envs
 from turnrl import greedy_study as gs
@@ -77,29 +77,10 @@ def rollout(chat: ChatFormat, episodes: int, steps: int) -> list[list[TurnSample
     return out
 
 
-def padded_logps(model: Any, samples: list[TurnSample], pad_id: int) -> torch.Tensor:
-    """Per-token log-probs of the agent tokens, flat in sample order, from one padded batch:
-    prompts left-padded, replies right-padded, the LM head on the reply span only."""
-    device = next(model.parameters()).device
-    splits = []
-    for s in samples:
-        first = s.enc.action_mask.index(1)
-        splits.append((s.enc.input_ids[:first], s.enc.input_ids[first:], s.enc.action_mask[first:]))
-    p_w = max(len(p) for p, _, _ in splits)
-    c_w = max(len(c) for _, c, _ in splits)
-    ids = torch.full((len(samples), p_w + c_w), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    keep = torch.zeros((len(samples), c_w), dtype=torch.bool)
-    for i, (p, c, m) in enumerate(splits):
-        ids[i, p_w - len(p) : p_w + len(c)] = torch.tensor(p + c)
-        attn[i, p_w - len(p) : p_w + len(c)] = 1
-        keep[i, : len(c)] = torch.tensor(m, dtype=torch.bool)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                use_cache=False, logits_to_keep=c_w + 1)
-    logits = out.logits[:, :-1]  # position j predicts token j + 1: the reply span's tokens
-    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, p_w:].to(device).unsqueeze(-1)).squeeze(-1)
-    return logps[keep.to(device)]
+def padded_flat(model: Any, samples: list[TurnSample], pad_id: int) -> torch.Tensor:
+    """The samples' agent-token log-probs from one padded batch, flat in sample order."""
+    logps, keep = padded_logps(model, [s.enc for s in samples], pad_id)
+    return logps[keep]
 
 
 def main() -> None:
@@ -131,7 +112,7 @@ def main() -> None:
         for mb in minibatches:
             with torch.no_grad():
                 if name == "padded":
-                    old, reflp = padded_logps(model, mb, pad_id), padded_logps(ref, mb, pad_id)
+                    old, reflp = padded_flat(model, mb, pad_id), padded_flat(ref, mb, pad_id)
                 else:
                     batch = obj.pack(mb)
                     order = torch.argsort(batch.seq_index, stable=True)  # tokens back in sample order
@@ -146,7 +127,7 @@ def main() -> None:
             for mb in minibatches:
                 opt.zero_grad()
                 if name == "padded":
-                    logps = padded_logps(model, mb, pad_id)
+                    logps = padded_flat(model, mb, pad_id)
                     counts = torch.tensor([s.tokens for s in mb])
                     adv = torch.repeat_interleave(torch.tensor([s.advantage for s in mb]), counts).to(logps.device)
                     old = torch.cat([s.old_logps for s in mb]).to(logps.device)  # type: ignore[misc]

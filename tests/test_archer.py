@@ -337,3 +337,54 @@ def test_actor_kl_under_lora_uses_the_adapter_disabled_model(tiny_dir: Path, tin
         d = token_logps(start, batch) - token_logps(model, batch)
     want = float((torch.expm1(d) - d).sum())
     assert want > 1e-4 and m["kl"] == pytest.approx(want, rel=1e-4)
+
+
+def test_actor_shared_prefix_gives_plain_packings_loss_and_gradients_with_fewer_tokens(
+        tiny_dir: Path, tiny_tokenizer) -> None:
+    """``shared_prefix`` (the default) sorts the actor's samples and computes each unit's common
+    prefix once: the loss, the KL and every gradient equal plain packing's, each sample keeps its
+    own value and baseline (the samples are given out of token order), and fewer tokens are
+    computed."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.archer import ActorExample, ActorObjective
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    chat = ChatFormat(tiny_tokenizer)
+    system = Message("system", "You play tic-tac-toe as X against O. Cells are 0-8. Reply with Action: N.")
+    boards = ["X O . / . . . / . . .", ". . . / . X . / . . O", "X O . / . . . / . . .", "O . . / . . . / . . X",
+              ". . . / . . . / . . ."]
+    replies = ["Action: 4", "Thought: corner\nAction: 0", "Action: 8", "Action: 1", "Thought: centre\nAction: 4"]
+    examples = []
+    for i, (board, reply) in enumerate(zip(boards, replies, strict=True)):
+        enc = chat.encode([system, Message("user", f"Board: {board}"), Message("assistant", reply)],
+                          trainable_turns=[0])
+        assert enc is not None
+        examples.append(ActorExample(enc, value=0.5 - 0.3 * i, baseline=0.1 * i))
+    pad = tiny_tokenizer.pad_token_id or 0
+    shared, plain = ActorObjective(4096, pad, ref, 0.7), ActorObjective(4096, pad, ref, 0.7, shared_prefix=False)
+    ordered, batch = shared.pack(examples)
+    assert [e.enc.input_ids for e in ordered] == sorted(e.enc.input_ids for e in examples)
+    assert ordered != examples  # the test gives them out of order
+    assert batch.real_tokens < plain.pack(examples)[1].real_tokens
+
+    results = []
+    for objective in (shared, plain):
+        model.zero_grad()
+        loss, metrics = objective(model, examples)
+        loss.backward()
+        results.append((loss.detach(), metrics, [p.grad.clone() for p in model.parameters()]))
+    (loss_s, m_s, g_s), (loss_p, m_p, g_p) = results
+    torch.testing.assert_close(loss_s, loss_p, rtol=1e-5, atol=1e-6)
+    assert m_s == pytest.approx(m_p, rel=1e-5, abs=1e-6)
+    assert m_s["kl"] > 1e-3
+    for a, b in zip(g_s, g_p, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -249,8 +249,10 @@ def test_sft_on_ucb_data_then_diagnose(tiny_dir: Path, tmp_path: Path) -> None:
 
     opts = {"arms": 3, "horizon": 8}
     data = tmp_path / "ucb.jsonl"
-    write_jsonl(data, run_policy(load_policy("ucb"), "bandit", split="train", episodes=96, env_opts=opts,
-                                 prompt=PromptConfig(history=0)))
+    # the prompt diagnose plays in: it asks for the UCB values (``rationale=ucb``, its default on
+    # plain bandits), so the thought-cloning data is collected under that instruction
+    write_jsonl(data, run_policy(load_policy("ucb"), "bandit", split="train", episodes=96,
+                                 env_opts={**opts, "rationale": "ucb"}, prompt=PromptConfig(history=0)))
     res = train_sft(str(tiny_dir), data, tmp_path / "sft",
                     SFTConfig(history=0, max_steps=100, batch_size=16, lr=3e-3, row_tokens=1024, warmup_ratio=0.05))
     cfg = DiagnoseConfig(env_opts=opts, instances=8, max_new_tokens=48, fb_prefixes=2, fb_max_repeats=20,

@@ -100,7 +100,7 @@ from turnrl.train.core import (
     set_seed,
 )
 from turnrl.train.critic import CriticConfig, DoubleCritic, build_critic, make_target, polyak_update
-from turnrl.train.forward import pack, token_logps
+from turnrl.train.forward import PackedBatch, pack, pack_runs, token_logps
 
 Algo = Literal["archer", "chai", "filtered_bc"]
 CHECKPOINTS = "checkpoints"
@@ -116,6 +116,10 @@ class ActorConfig(TrainConfig):
     warmup_ratio: float = 0.0
     #: tokens per packed row in the actor's forward pass
     row_tokens: int = 4096
+    #: replay states begin with the same system message and instruction: pack the actor's samples
+    #: sorted by their tokens, each run's common prefix computed once (``forward.pack_runs``; needs
+    #: an attention implementation taking 4-D masks: set false under ``flash_attention_2``)
+    shared_prefix: bool = True
 
 
 class OnlineConfig(Config):
@@ -327,25 +331,40 @@ class ActorObjective:
     over the sampled tokens when ``kl_coef`` > 0; units = sampled utterances.
 
     ``pi_ref`` is ``ref`` (a frozen copy of the starting policy) or, with ``ref=None``, the
-    trained model with its LoRA adapter disabled (under LoRA the base weights are the start)."""
+    trained model with its LoRA adapter disabled (under LoRA the base weights are the start).
+    With ``shared_prefix`` the samples are packed as :meth:`pack` says (the same log-probs)."""
 
-    def __init__(self, row_tokens: int, pad_id: int, ref: Any = None, kl_coef: float = 0.0):
+    def __init__(self, row_tokens: int, pad_id: int, ref: Any = None, kl_coef: float = 0.0,
+                 shared_prefix: bool = True):
         self.row_tokens = row_tokens
         self.pad_id = pad_id
         self.ref = ref
         self.kl_coef = kl_coef
+        self.shared_prefix = shared_prefix
 
     def units(self, examples: Sequence[ActorExample]) -> float:
         return float(len(examples))
 
+    def pack(self, examples: Sequence[ActorExample]) -> tuple[list[ActorExample], PackedBatch]:
+        """The examples in packing order, and their packed batch. With ``shared_prefix`` they are
+        sorted by their tokens, so that neighbours share the most (replay states of one environment
+        share at least the system message and the instruction), and packed as one run of
+        :func:`~turnrl.train.forward.pack_runs`: each unit, as many neighbours as fit a row, has its
+        common prefix computed once. The loss is a sum over examples, so the order is free."""
+        if not self.shared_prefix:
+            return list(examples), pack([e.enc for e in examples], row_tokens=self.row_tokens, pad_id=self.pad_id)
+        ordered = sorted(examples, key=lambda e: e.enc.input_ids)
+        return ordered, pack_runs([e.enc for e in ordered], [0] * len(ordered), row_tokens=self.row_tokens,
+                                  pad_id=self.pad_id)
+
     def __call__(self, model: Any, examples: Sequence[ActorExample]) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = pack([e.enc for e in examples], row_tokens=self.row_tokens, pad_id=self.pad_id)
+        examples, batch = self.pack(examples)
         lp = token_logps(model, batch)
         b = len(examples)
         seq = batch.seq_index.to(lp.device)
         k = lp.shape[0]
         ar = torch.arange(k, device=lp.device)
-        # a sequence's kept tokens are contiguous and in order (forward.pack), so a token's
+        # a sequence's kept tokens are contiguous and in order (forward's layout), so a token's
         # position in its utterance is its index minus its sequence's first index
         first = torch.full((b,), k, dtype=torch.long, device=lp.device).scatter_reduce(0, seq, ar, reduce="amin")
         pos = ar - first[seq]
@@ -456,7 +475,8 @@ class OnlineRun:
                 if cfg.actor_kl > 0 and actor_cfg.lora is None:
                     # the starting policy, frozen: copied before a resumed state is loaded into the actor
                     ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.accelerator.device)
-                objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0, ref, cfg.actor_kl)
+                objective: Any = ActorObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0, ref, cfg.actor_kl,
+                                                actor_cfg.shared_prefix)
             else:
                 from turnrl.train.sft import SFTObjective
 
