@@ -133,15 +133,14 @@ def main() -> None:
     best = {n: min(ts) for n, ts in times.items()}
     samples = [e for b in batches for e in b]
     tokens = sum(len(e.enc.input_ids) for e in samples)
-    computed = {n: sum(ActorObjective(4096, pad_id, shared_prefix=n == "turnrl").pack(b)[1].real_tokens
-                       for b in batches) for n in ("turnrl", "turnrl-plain")}
+    computed = sum(ActorObjective(4096, pad_id).pack(b)[1].real_tokens for b in batches)
     print(f"{len(buffer)} replay states of {args.env}; {args.steps} steps x {args.batch} samples: {tokens} tokens "
-          f"({tokens / len(samples):.0f} a sample), of which turnrl computes {computed['turnrl']}")
+          f"({tokens / len(samples):.0f} a sample), of which turnrl computes {computed}")
     for n in names:
         print(f"{n:13s} {best[n]:8.2f} s")
     result = {"benchmark": "archer_actor", "device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
               "env": args.env, "states": len(buffer), "samples": len(samples), "tokens": tokens,
-              "computed_tokens": computed["turnrl"],
+              "computed_tokens": computed,
               **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in names},
               "ratio": round(best["padded"] / best["turnrl"], 3),
               "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3), "same_loss": bool(same)}
