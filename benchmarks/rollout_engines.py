@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import tempfile
 import time
 
 import torch
+from _common import model_or_tiny  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -52,11 +52,7 @@ def main() -> None:
         print(json.dumps({"benchmark": "rollout_engines", "skipped": reason}))
         return
     torch.manual_seed(0)
-    model = args.model
-    if model is None:
-        from turnrl.models.tiny import build_tiny
-
-        model = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    model = model_or_tiny(args.model)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens)
     results = {}
     for engine in ("hf", "vllm"):

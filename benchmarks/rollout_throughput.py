@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 
 import torch
+from _common import model_or_tiny  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -47,11 +47,7 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="also measure these env counts, e.g. 1,8,32,128")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = args.model
-    if model is None:
-        from turnrl.models.tiny import build_tiny
-
-        model = str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
+    model = model_or_tiny(args.model)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens)
     policy = load_policy(model, sampling=sampling)
     measure(policy, 4, 4)  # warm-up
