@@ -37,6 +37,20 @@ def model_or_tiny(model_dir: str | None) -> str:
     return str(build_tiny(tempfile.mkdtemp() + "/tiny", episodes_per_split=10))
 
 
+def training_model(model_dir: str | None) -> tuple[Any, Any, int, bool]:
+    """The model at ``model_dir`` (or a fresh tiny one) in float32, on the GPU when there is one,
+    its ``ChatFormat``, its pad id, and whether it is on CUDA."""
+    from turnrl.models.loading import load_model, load_tokenizer
+    from turnrl.tokenization import ChatFormat
+
+    path = model_or_tiny(model_dir)
+    cuda = torch.cuda.is_available()
+    tok = load_tokenizer(path)
+    chat = ChatFormat(tok)
+    pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
+    return load_model(path, device="cuda" if cuda else "cpu", dtype="float32"), chat, pad_id, cuda
+
+
 def padded_logps(model: Any, encs: Sequence[Any], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The peer's forward pass, as TRL's trainers compute per-token log-probs: one batch, prompts
     left-padded and replies right-padded to the longest, an attention mask, the LM head on the reply

@@ -39,13 +39,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import clock, model_or_tiny, padded_logps, positive  # beside this script
+from _common import clock, padded_logps, positive, training_model  # beside this script
 
 from turnrl import envs
 from turnrl.agent.prompting import PromptConfig
 from turnrl.data.schema import Message
 from turnrl.losses import archer_actor_loss
-from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout import load_policy
 from turnrl.rollout.sampler import EpisodeSpec, Sampler
 from turnrl.tokenization import ChatFormat
@@ -95,12 +94,7 @@ def main() -> None:
     ap.add_argument("--steps", type=positive, default=3)
     ap.add_argument("--repeats", type=positive, default=2)
     args = ap.parse_args()
-    model_dir = model_or_tiny(args.model)
-    cuda = torch.cuda.is_available()
-    tok = load_tokenizer(model_dir)
-    chat = ChatFormat(tok)
-    pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
-    start = load_model(model_dir, device="cuda" if cuda else "cpu", dtype="float32")
+    start, chat, pad_id, cuda = training_model(args.model)
     buffer = replay(chat, args.env, args.policy, args.episodes, args.history)
     rng = np.random.default_rng(1)
     batches = [[buffer[i] for i in rng.choice(len(buffer), size=min(args.batch, len(buffer)), replace=False)]

@@ -37,13 +37,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import clock, model_or_tiny, padded_logps, positive  # beside this script
+from _common import clock, padded_logps, positive, training_model  # beside this script
 
 from turnrl import envs
 from turnrl import greedy_study as gs
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.losses import ppo_loss
-from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout.sampler import EpisodeSpec, Sampler
 from turnrl.tokenization import ChatFormat
 from turnrl.train.ppo import PPOConfig, PPOObjective, TurnSample, policy_forward
@@ -92,12 +91,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=positive, default=2)
     ap.add_argument("--repeats", type=positive, default=2)
     args = ap.parse_args()
-    model_dir = model_or_tiny(args.model)
-    cuda = torch.cuda.is_available()
-    tok = load_tokenizer(model_dir)
-    chat = ChatFormat(tok)
-    pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else chat.stop_token_ids[0])
-    start = load_model(model_dir, device="cuda" if cuda else "cpu", dtype="float32")
+    start, chat, pad_id, cuda = training_model(args.model)
     episodes = rollout(chat, args.episodes, args.steps)
     samples = [s for ep in episodes for s in ep]
     per_mb = -(-len(episodes) // args.minibatches)
