@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -76,3 +77,37 @@ def padded_logps(model: Any, encs: Sequence[Any], pad_id: int) -> tuple[torch.Te
     logits = out.logits[:, :-1]  # position j predicts token j + 1: the reply span's tokens
     logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, p_w:].to(device).unsqueeze(-1)).squeeze(-1)
     return logps, keep.to(device)
+
+
+#: the configurations each training benchmark times: turnrl's default packing (shared prefixes),
+#: its plain packing, and the padded peer
+NAMES = ("turnrl", "turnrl-plain", "padded")
+
+
+def time_rounds(run: Callable[[str, Any], list[float]], start: Any, cuda: bool,
+                repeats: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``run(name, model)`` for every name of :data:`NAMES` on a fresh copy of ``start``, ``repeats``
+    timed rounds after an untimed warm-up. Returns each name's best time, printed a line each, and
+    its last round's output (numbers the script compares across the names)."""
+    times: dict[str, list[float]] = {n: [] for n in NAMES}
+    outputs: dict[str, list[float]] = {}
+    for rep in range(repeats + 1):
+        for name in NAMES:
+            model = copy.deepcopy(start).train()
+            t0 = clock(cuda)
+            outputs[name] = run(name, model)
+            dt = clock(cuda) - t0
+            if rep:
+                times[name].append(dt)
+    best = {n: min(ts) for n, ts in times.items()}
+    for n in NAMES:
+        print(f"{n:13s} {best[n]:8.2f} s")
+    return best, outputs
+
+
+def timing_fields(best: dict[str, float], cuda: bool) -> dict[str, Any]:
+    """The result line's device, clock, times and ratios (padded and plain over turnrl)."""
+    return {"device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
+            **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in NAMES},
+            "ratio": round(best["padded"] / best["turnrl"], 3),
+            "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3)}

@@ -33,13 +33,19 @@ padded time / turnrl time (above 1: turnrl is faster) and ``ratio_plain``.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from typing import Any
 
 import numpy as np
 import torch
-from _common import clock, padded_logps, positive, training_model  # beside this script
+from _common import (  # beside this script
+    NAMES,
+    padded_logps,
+    positive,
+    time_rounds,
+    timing_fields,
+    training_model,
+)
 
 from turnrl import envs
 from turnrl.agent.prompting import PromptConfig
@@ -112,32 +118,15 @@ def main() -> None:
             losses.append(float(loss.detach()))
         return losses
 
-    names = ("turnrl", "turnrl-plain", "padded")
-    times: dict[str, list[float]] = {n: [] for n in names}
-    losses: dict[str, list[float]] = {}
-    for rep in range(args.repeats + 1):  # the first round warms up and is not timed
-        for name in names:
-            model = copy.deepcopy(start).train()
-            t0 = clock(cuda)
-            losses[name] = one_round(name, model)
-            dt = clock(cuda) - t0
-            if rep:
-                times[name].append(dt)
-    same = all(np.allclose(losses[n], losses["turnrl"], rtol=1e-4, atol=1e-4) for n in names)
-    best = {n: min(ts) for n, ts in times.items()}
+    best, losses = time_rounds(one_round, start, cuda, args.repeats)
+    same = all(np.allclose(losses[n], losses["turnrl"], rtol=1e-4, atol=1e-4) for n in NAMES)
     samples = [e for b in batches for e in b]
     tokens = sum(len(e.enc.input_ids) for e in samples)
     computed = sum(ActorObjective(4096, pad_id).pack(b)[1].real_tokens for b in batches)
     print(f"{len(buffer)} replay states of {args.env}; {args.steps} steps x {args.batch} samples: {tokens} tokens "
           f"({tokens / len(samples):.0f} a sample), of which turnrl computes {computed}")
-    for n in names:
-        print(f"{n:13s} {best[n]:8.2f} s")
-    result = {"benchmark": "archer_actor", "device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
-              "env": args.env, "states": len(buffer), "samples": len(samples), "tokens": tokens,
-              "computed_tokens": computed,
-              **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in names},
-              "ratio": round(best["padded"] / best["turnrl"], 3),
-              "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3), "same_loss": bool(same)}
+    result = {"benchmark": "archer_actor", "env": args.env, "states": len(buffer), "samples": len(samples),
+              "tokens": tokens, "computed_tokens": computed, **timing_fields(best, cuda), "same_loss": bool(same)}
     print(json.dumps(result))
 
 

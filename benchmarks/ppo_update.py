@@ -31,13 +31,19 @@ with ``ratio`` = padded time / turnrl time (above 1: turnrl is faster) and ``rat
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from typing import Any
 
 import numpy as np
 import torch
-from _common import clock, padded_logps, positive, training_model  # beside this script
+from _common import (  # beside this script
+    NAMES,
+    padded_logps,
+    positive,
+    time_rounds,
+    timing_fields,
+    training_model,
+)
 
 from turnrl import envs
 from turnrl import greedy_study as gs
@@ -135,28 +141,12 @@ def main() -> None:
                 opt.step()
         return sums
 
-    names = ("turnrl", "turnrl-plain", "padded")
-    times: dict[str, list[float]] = {n: [] for n in names}
-    sums: dict[str, list[float]] = {}
-    for rep in range(args.repeats + 1):  # the first round warms up and is not timed
-        for name in names:
-            model = copy.deepcopy(start).train()
-            t0 = clock(cuda)
-            sums[name] = iteration(name, model, start)
-            dt = clock(cuda) - t0
-            if rep:
-                times[name].append(dt)
-    same = all(np.allclose(sums[n], sums["turnrl"], atol=1e-4) for n in names)
-    best = {n: min(ts) for n, ts in times.items()}
+    best, sums = time_rounds(lambda name, model: iteration(name, model, start), start, cuda, args.repeats)
+    same = all(np.allclose(sums[n], sums["turnrl"], atol=1e-4) for n in NAMES)
     print(f"{len(samples)} turn sequences, {sum(lengths)} tokens ({np.mean(lengths):.0f} a turn), "
           f"{sum(s.tokens for s in samples)} agent tokens; {args.epochs} epochs x {len(minibatches)} minibatches")
-    for n in names:
-        print(f"{n:13s} {best[n]:8.2f} s")
-    result = {"benchmark": "ppo_update", "device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
-              "episodes": len(episodes), "turns": len(samples), "tokens": sum(lengths),
-              **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in names},
-              "ratio": round(best["padded"] / best["turnrl"], 3),
-              "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3), "same_logps": bool(same)}
+    result = {"benchmark": "ppo_update", "episodes": len(episodes), "turns": len(samples), "tokens": sum(lengths),
+              **timing_fields(best, cuda), "same_logps": bool(same)}
     print(json.dumps(result))
 
 
