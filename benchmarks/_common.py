@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -84,11 +85,13 @@ def padded_logps(model: Any, encs: Sequence[Any], pad_id: int) -> tuple[torch.Te
 NAMES = ("turnrl", "turnrl-plain", "padded")
 
 
-def time_rounds(run: Callable[[str, Any], list[float]], start: Any, cuda: bool,
-                repeats: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+def time_rounds(run: Callable[[str, Any], list[float]], start: Any, cuda: bool, repeats: int, *,
+                rtol: float = 1e-5, atol: float = 1e-4) -> tuple[dict[str, Any], bool]:
     """``run(name, model)`` for every name of :data:`NAMES` on a fresh copy of ``start``, ``repeats``
-    timed rounds after an untimed warm-up. Returns each name's best time, printed a line each, and
-    its last round's output (numbers the script compares across the names)."""
+    timed rounds after an untimed warm-up; each name's best time is printed a line each. Returns the
+    result line's timing fields (device, clock, best times, ``ratio`` = padded / turnrl and
+    ``ratio_plain`` = plain / turnrl) and whether every name's last output (numbers ``run``
+    returns, e.g. losses) agrees with turnrl's to ``rtol`` / ``atol``."""
     times: dict[str, list[float]] = {n: [] for n in NAMES}
     outputs: dict[str, list[float]] = {}
     for rep in range(repeats + 1):
@@ -102,12 +105,9 @@ def time_rounds(run: Callable[[str, Any], list[float]], start: Any, cuda: bool,
     best = {n: min(ts) for n, ts in times.items()}
     for n in NAMES:
         print(f"{n:13s} {best[n]:8.2f} s")
-    return best, outputs
-
-
-def timing_fields(best: dict[str, float], cuda: bool) -> dict[str, Any]:
-    """The result line's device, clock, times and ratios (padded and plain over turnrl)."""
-    return {"device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
-            **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in NAMES},
-            "ratio": round(best["padded"] / best["turnrl"], 3),
-            "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3)}
+    same = all(np.allclose(outputs[n], outputs["turnrl"], rtol=rtol, atol=atol) for n in NAMES)
+    fields = {"device": "cuda" if cuda else "cpu", "clock": "wall" if cuda else "cpu",
+              **{f"{n.replace('-', '_')}_s": round(best[n], 3) for n in NAMES},
+              "ratio": round(best["padded"] / best["turnrl"], 3),
+              "ratio_plain": round(best["turnrl-plain"] / best["turnrl"], 3)}
+    return fields, bool(same)
