@@ -113,6 +113,7 @@ def test_rewards_come_from_the_instance_table() -> None:
         arm = rng.randrange(3)
         _, reward, _, _, info = env.step(env.labels[arm])
         assert reward == inst.rewards[t, arm] and info["arm"] == arm
+        assert info["expected_reward"] == inst.mu[t, arm] != reward
         regret += inst.mu[t].max() - inst.mu[t, arm]
         assert info["regret"] == pytest.approx(regret, abs=1e-5)
         assert info["means"] == pytest.approx(list(inst.mu[0])) and info["best_arm"] == int(np.argmax(inst.mu[0]))

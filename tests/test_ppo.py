@@ -118,6 +118,47 @@ def test_ppo_group_size_plays_each_task_g_times_with_a_leave_one_out_baseline(ti
         PPOConfig(group_size=0)
 
 
+def test_shaped_rewards_from_expected_rewards_by_hand() -> None:
+    """reward_source=expected: the same shaping (scale by the batch std, -5 on invalid turns, +bonus on
+    an untried action) applied to meta["expected_rewards"] instead of rewards; a trajectory without
+    them is a one-line error naming the key and the env."""
+    from turnrl.data.schema import Message, Trajectory
+    from turnrl.train.ppo import shaped_rewards
+
+    def traj(actions: list[str | None], rewards: list[float], expected: list[float] | None, env: str = "bandit"):
+        msgs = [Message("assistant", "x", action=a, valid=a is not None) for a in actions]
+        return Trajectory("e", env, "bandit-1", msgs, rewards=rewards,
+                          meta={} if expected is None else {"expected_rewards": expected})
+
+    trajs = [traj(["a", "a", None], [1.5, -0.7, 0.0], [0.2, 0.2, 0.0]), traj(["b", "c", "b"], [0.1, 2.0, -1.0],
+                                                                           [0.6, 0.8, 0.6])]
+    cfg = PPOConfig(reward_source="expected", exploration_bonus=1.0)
+    out, stats = shaped_rewards(trajs, cfg)
+    s = 1 / float(np.std([0.2, 0.2, 0.0, 0.6, 0.8, 0.6]))
+    assert stats["reward_scale"] == pytest.approx(s)
+    assert out[0] == pytest.approx([0.2 * s + 1, 0.2 * s, -5.0])
+    assert out[1] == pytest.approx([0.6 * s + 1, 0.8 * s + 1, 0.6 * s])
+    plain, _ = shaped_rewards(trajs, PPOConfig(exploration_bonus=1.0))  # the sampled rewards
+    s_env = 1 / float(np.std([1.5, -0.7, 0.0, 0.1, 2.0, -1.0]))
+    assert plain[0] == pytest.approx([1.5 * s_env + 1, -0.7 * s_env, -5.0])
+    with pytest.raises(TurnRLError, match=r"reward_source=expected: env 'tictactoe' .*expected_reward"):
+        shaped_rewards([traj(["a"], [1.0], None, env="tictactoe")], cfg)
+    with pytest.raises(ValidationError, match="reward_source"):
+        PPOConfig(reward_source="mean")  # type: ignore[arg-type]
+
+
+def test_ppo_trains_on_expected_rewards_from_the_same_rollout(tiny_dir: Path, tmp_path: Path) -> None:
+    """The first rollout is the same episodes either way; reward_source=expected scales by the std of
+    the arms' means, which is below the sampled rewards' (their noise is gone)."""
+    first = {}
+    for source in ("env", "expected"):
+        train_ppo(str(tiny_dir), "bandit", tmp_path / source, bandit_cfg(iterations=1, reward_source=source))
+        first[source] = metrics(tmp_path / source)[0]
+        assert json.loads((tmp_path / source / "summary.json").read_text())["run_config"]["ppo"]["reward_source"] == source
+    assert first["env"]["rollout/return"] == first["expected"]["rollout/return"]
+    assert first["expected"]["rollout/reward_scale"] > 2 * first["env"]["rollout/reward_scale"]
+
+
 def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
     from turnrl.models.loading import load_model, load_tokenizer
     from turnrl.tokenization import ChatFormat

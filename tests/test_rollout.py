@@ -191,6 +191,42 @@ def test_invalid_action_policies(mode: str) -> None:
         assert t.num_turns == 1 and t.terminated and not t.success and t.return_ == -0.5
 
 
+class BanditBabbler:
+    """Writes an unknown label on turn 1, else pulls the arm ``turn % 3``."""
+
+    name = "bandit-babbler"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        return [Reply("ACTION=purple" if r.turn == 1 else f"ACTION={r.valid_actions[r.turn % 3]}") for r in requests]
+
+
+@pytest.mark.parametrize("mode", ["random", "error"])
+def test_bandit_trajectories_carry_the_expected_value_of_each_reward(mode: str) -> None:
+    """meta["expected_rewards"][t] is the executed arm's mean + the same penalty as rewards[t]; envs
+    without expected rewards (tic-tac-toe) leave the key out."""
+    from turnrl import envs
+
+    opts = {"arms": 3, "horizon": 5, "context": 0}
+    cfg = PromptConfig(invalid_action=mode, invalid_penalty=-0.5)
+    (t,) = run_policy(BanditBabbler(), "bandit", split="train", episodes=1, prompt=cfg, env_opts=opts)
+    inst = envs.make("bandit", **opts).instance(t.task_id)
+    turns = [m for m in t.messages if m.role == "assistant"]
+    assert turns[1].valid is False and len(t.meta["expected_rewards"]) == len(t.rewards) == 5
+    labels, pulls = envs.make("bandit", **opts).labels, 0
+    for turn, (m, r, e) in enumerate(zip(turns, t.rewards, t.meta["expected_rewards"], strict=True)):
+        penalty = -0.5 if turn == 1 else 0.0
+        if turn == 1 and mode == "error":  # nothing pulled: the penalty alone
+            assert r == e == penalty
+            continue
+        arm = labels.index(m.action)
+        assert r == pytest.approx(inst.rewards[pulls, arm] + penalty)
+        assert e == pytest.approx(inst.mu[pulls, arm] + penalty) and e != r
+        pulls += 1
+    assert pulls == (5 if mode == "random" else 4)
+    (game,) = run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=1)
+    assert "expected_rewards" not in game.meta
+
+
 def test_collection_resumes_without_redoing_episodes(tmp_path) -> None:
     out = tmp_path / "c.jsonl"
     run_policy(ExpertPolicy(), "tictactoe", episodes=5, out=out)

@@ -47,7 +47,9 @@ longer horizon starts with the table of a shorter one.
 Info: ``task_id``, ``valid_actions`` (the labels), ``turn``, ``arm`` (the arm index just
 pulled), ``reward``, ``invalid``, ``means`` (every arm's mean, for metrics), ``best_arm``,
 ``labels`` (the label of each arm at the next step), ``regret`` (cumulative expected
-regret so far). An episode ends (``terminated``) after ``horizon`` steps; it is a success
+regret so far); after a step, ``expected_reward`` (the pulled arm's mean at that step, 0 for an
+unknown label: the expected value of the step's reward, which ``turnrl train ppo
+reward_source=expected`` trains on). An episode ends (``terminated``) after ``horizon`` steps; it is a success
 when the arm pulled most often is the best arm. An unknown label pulls nothing, pays 0 and
 counts as a step (``info["invalid"]``).
 
@@ -252,6 +254,7 @@ class BanditEnvBase(TextEnv):
         self.history.append((arm, reward))
         done = len(self.history) >= self.horizon
         info = self._info(arm=arm, reward=reward, invalid=arm is None)
+        info["expected_reward"] = float(inst.mu[t, arm]) if arm is not None else 0.0
         if done:
             won = self._success()
             info.update(won=won, success=won)

@@ -10,6 +10,11 @@ Episodes are planned up front (:func:`plan_episodes`): episode ``i`` of a split 
 task ``task_ids[i % n]`` and draws its randomness (expert tie-breaks, random actions, the
 env's reset seed) from ``(seed, i)`` alone, so scripted collections do not depend on the
 number of environments and resumed collections skip exactly the episodes already written.
+
+A trajectory's ``meta`` has the policy's name, the episode's seed and index, the final
+observation and the env's outcome keys; where the env reports ``info["expected_reward"]`` on
+every step (the bandits: the pulled arm's mean), ``meta["expected_rewards"]`` is the expected
+value of each entry of ``rewards`` (same penalties, the reward noise taken out).
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class _Slot:
     spec: EpisodeSpec | None = None
     messages: list[Message] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    #: per turn, the env's ``info["expected_reward"]`` (+ the same penalty as ``rewards``); None
+    #: where the env did not report one
+    expected: list[float | None] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     turn: int = 0
@@ -144,6 +152,7 @@ class Sampler:
         slot.rng = random.Random(spec.seed)
         slot.messages = [system_message(slot.env.instruction, self.prompt), Message("user", obs)]
         slot.rewards = []
+        slot.expected = []
         slot.info = dict(info)
         slot.turn = 0
 
@@ -175,10 +184,12 @@ class Sampler:
         terminated = truncated = False
         if executed is None and not parsed.valid and cfg.invalid_action == "end":
             slot.rewards.append(penalty)
+            slot.expected.append(penalty)
             terminated = True
             obs = "Episode ended: invalid action."
         elif executed is None:
             slot.rewards.append(penalty)
+            slot.expected.append(penalty)
             shown = ", ".join(valid_actions) if valid_actions else "see the instruction"
             obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}."
         else:
@@ -186,6 +197,8 @@ class Sampler:
             if info.get("invalid") and parsed.valid:
                 msg.valid = False
             slot.rewards.append(float(reward) + penalty)
+            expected = info.get("expected_reward")
+            slot.expected.append(None if expected is None else float(expected) + penalty)
             slot.info = dict(info)
         if not (terminated or truncated) and slot.turn >= env.max_turns:
             truncated = True
@@ -212,7 +225,9 @@ class Sampler:
             source=self.source,
             meta={"policy": self.policy.name, "seed": slot.spec.seed, "index": slot.spec.index,
                   "final_observation": final_obs, **_outcome(info),
-                  **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {})},
+                  **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),
+                  **({"expected_rewards": list(slot.expected)}
+                     if "expected_reward" in info and None not in slot.expected else {})},
         )
 
 

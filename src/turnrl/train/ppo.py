@@ -18,7 +18,9 @@ One iteration:
    turns' returns).
 2. **Rewards.** ``r_t = env_r_t / std(env_r of the batch)`` (``reward_norm``) +
    ``invalid_penalty`` on invalid turns + ``exploration_bonus`` when the executed action
-   had not been executed before in the episode.
+   had not been executed before in the episode. ``reward_source=expected`` takes ``env_r_t``
+   as its expected value given the executed action (the bandits: the pulled arm's mean,
+   ``Trajectory.meta["expected_rewards"]``) instead of the sampled reward.
 3. **Advantages.** ``advantage=mc`` (default for the bandit envs, whose episodes all have
    the same length): Monte-Carlo rewards-to-go minus the batch mean of the same step's
    return (:func:`~turnrl.losses.rewards_to_go`,
@@ -66,6 +68,12 @@ Departures from the paper (and why):
   which fixed-length episodes allow. ``group_size`` > 1 replaces it with a leave-one-out
   baseline over episodes of the same task (RLOO; not in the paper): on the bandits a task
   fixes the whole reward table, so what differs within a group is what the policy did.
+* ``reward_source=expected`` (not in the paper; off by default) trains on the pulled arm's
+  mean instead of its noisy reward. The noise of step k's reward has mean 0 given everything
+  up to step k's action, and every term of the policy gradient that step k's reward enters
+  (turns t <= k) is fixed by then, so the expected gradient is the same: only its variance
+  falls (a Rao-Blackwellised reward). It reads means the agent never sees, which only a
+  simulator has.
 * epsilon-greedy turns are executed but not trained on (the model did not write them).
 * A reply cut by the thinking budget is trained with the template's end-of-turn token
   appended, which the model did not sample; its old log-prob is recomputed like the rest.
@@ -142,6 +150,10 @@ class PPOConfig(TrainConfig):
     adv_norm: bool = True
     invalid_penalty: float = -5.0
     reward_norm: bool = True
+    #: ``env``: the sampled env rewards; ``expected``: their expected values given the executed
+    #: action (envs reporting ``info["expected_reward"]``: the bandits), the same objective with
+    #: less variance
+    reward_source: Literal["env", "expected"] = "env"
     exploration_bonus: float = 0.0
     epsilon: float = 0.0
     temperature: float = 1.0
@@ -391,18 +403,19 @@ def with_epsilon(policy: Policy, env_name: str, eps: float) -> Policy:
 
 def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[list[float]], dict[str, float]]:
     """Per-step training rewards of each episode (normalised env reward + penalty + bonus)."""
-    env_r = [r for t in trajs for r in t.rewards]
+    base = [_base_rewards(t, cfg.reward_source) for t in trajs]
+    env_r = [r for rs in base for r in rs]
     scale = 1.0
     if cfg.reward_norm and len(env_r) > 1:
         std = float(np.std(env_r))
         scale = 1.0 / std if std > 1e-8 else 1.0
     out: list[list[float]] = []
     bonus_n = invalid_n = 0
-    for t in trajs:
+    for t, t_rewards in zip(trajs, base, strict=True):
         turns = [m for m in t.messages if m.role == "assistant"]
         seen: set[str] = set()
         rs = []
-        for r, m in zip(t.rewards, turns, strict=False):
+        for r, m in zip(t_rewards, turns, strict=False):
             x = r * scale
             if m.valid is False:
                 x += cfg.invalid_penalty
@@ -416,6 +429,16 @@ def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[li
         out.append(rs)
     n = max(1, len(env_r))
     return out, {"reward_scale": scale, "bonus_rate": bonus_n / n, "invalid_rate": invalid_n / n}
+
+
+def _base_rewards(t: Trajectory, source: str) -> list[float]:
+    if source == "env":
+        return list(t.rewards)
+    expected = t.meta.get("expected_rewards")
+    if expected is None or len(expected) != len(t.rewards):
+        raise TurnRLError(f"reward_source=expected: env {t.env!r} does not report the expected reward of its steps "
+                          "(info['expected_reward']; the bandit envs do); use reward_source=env")
+    return [float(x) for x in expected]
 
 
 def _padded(rows: Sequence[Sequence[float]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,8 +11,9 @@ the first two starts are S = 0), the 28 Nov many-starts test (MANY-STARTS.txt). 
 ``group_size`` G: each rollout plays 16 / G tasks G times each, with the leave-one-out baseline of the episodes
 of a task (GROUP-BASELINE.txt); ``iterations=N`` trains for N PPO iterations instead of 20 (PILOT-40-ITERS.txt);
 ``episodes=N`` plays N episodes an iteration instead of 16, all N in one lock-step batch (``episodes_per_iter`` and
-``num_envs`` N; LARGE-BATCH.txt); ``jobs=J`` trains in J processes at once (2 by default). With any of the first
-three, OUT is a folder of its own, holding a copy of the start's ``data/``,
+``num_envs`` N; LARGE-BATCH.txt); ``reward=expected`` trains on the pulled arms' means instead of the sampled
+rewards (``reward_source=expected``; EXPECTED-REWARD.txt); ``jobs=J`` trains in J processes at once (2 by default).
+With any of the first four, OUT is a folder of its own, holding a copy of the start's ``data/``,
 ``sft-greedy/``, ``start.json`` and ``eval-500/sft-greedy.json`` (the settings differ, so the start's folder
 refuses it).
 
@@ -91,7 +92,7 @@ def main(args: list[str]) -> None:
     out, follow = Path(args[1]), float(args[2])
     options = dict(a.split("=", 1) for a in args[3:] if "=" in a)
     for key, value in options.items():
-        if (key, value) not in (("rows", "bonus"), ("rows", "plain")) and (
+        if (key, value) not in (("rows", "bonus"), ("rows", "plain"), ("reward", "expected")) and (
                 key not in ("start", "group", "iterations", "episodes", "jobs") or not value.isdigit()
                 or (key != "start" and int(value) < 1)):
             raise ValueError(f"unknown option {key}={value} (counts are whole numbers, at least 1)")
@@ -100,9 +101,11 @@ def main(args: list[str]) -> None:
     changes = {key: int(options[opt]) for key, opt in (("group_size", "group"), ("iterations", "iterations"),
                                                          ("episodes_per_iter", "episodes"), ("num_envs", "episodes"))
                if opt in options}
+    if "reward" in options:
+        changes["reward_source"] = options["reward"]
     if changes and args[0] != "rl":
-        raise ValueError("group=G, iterations=N and episodes=N are options of rl (from a copy of a start: see the "
-                         "docstring)")
+        raise ValueError("group=G, iterations=N, episodes=N and reward=expected are options of rl (from a copy of a "
+                         "start: see the docstring)")
     if args[0] != "rl":
         gate = start(out, follow, start_seed)["gate"]
         if args[0] == "start":
@@ -119,4 +122,4 @@ def main(args: list[str]) -> None:
 
 if __name__ == "__main__":  # the pool's workers are spawned and import this file
     run_script(main, "run.py start OUT FOLLOW [start=S] | run.py rl|all OUT FOLLOW SEED [SEED ...] [rows=bonus|plain] "
-                     "[start=S] [group=G] [iterations=N] [episodes=N] [jobs=J]")
+                     "[start=S] [group=G] [iterations=N] [episodes=N] [reward=expected] [jobs=J]")

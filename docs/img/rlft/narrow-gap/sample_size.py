@@ -7,7 +7,9 @@ sigma 1, 20-step episodes; after a reward below -0.5 the policy moves on to the 
 narrow-gap start's rate at temperature 1), else it stays. For the batch baseline (``group_size`` 1) and the
 leave-one-out baseline of G episodes of a task, with and without the +1 exploration bonus, it prints the advantage
 of moving on minus that of staying at ``Low.`` states, the advantages' standard deviation there, and about how many
-episodes a 95% two-sided test of that difference needs, ``(2 * 1.96 * sd / diff)^2`` ``Low.`` decisions.
+episodes a 95% two-sided test of that difference needs, ``(2 * 1.96 * sd / diff)^2`` ``Low.`` decisions. The last
+rows train on the pulled arms' means instead of the sampled rewards (``reward_source=expected``; the policy still
+sees the sampled reward).
 
     python docs/img/rlft/narrow-gap/sample_size.py
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 
 def run(p: float, gamma: float, bonus: float, group: int, horizon: int = 20, n: int = 40000, seed: int = 0,
-        threshold: float = -0.5) -> tuple[float, float, float]:
+        threshold: float = -0.5, expected: bool = False) -> tuple[float, float, float]:
     """(advantage of moving on minus staying at Low. states, their sd, Low. states per episode)."""
     rng = np.random.default_rng(seed)
     tasks = n // group
@@ -38,7 +40,7 @@ def run(p: float, gamma: float, bonus: float, group: int, horizon: int = 20, n: 
             arm = np.where(move, (arm + 1) % 10, arm)
             low[:, t], moved[:, t] = is_low, move
         r = mu[rows, arm] + table[rows, t, arm]
-        rewards[:, t] = r + bonus * ~tried[rows, arm]
+        rewards[:, t] = (mu[rows, arm] if expected else r) + bonus * ~tried[rows, arm]
         tried[rows, arm] = True
         last = r
     ret = np.zeros_like(rewards)
@@ -56,9 +58,11 @@ def run(p: float, gamma: float, bonus: float, group: int, horizon: int = 20, n: 
 
 
 if __name__ == "__main__":
-    for bonus in (0.0, 1.0):
-        for group in (1, 4, 8):
-            d, sd, per_episode = run(0.34, 0.95, bonus, group)
-            need = (2 * 1.96 * sd / d) ** 2
-            print(f"bonus {bonus:g}, group {group}: moving on minus staying {d:+.3f}, sd {sd:.2f}, "
-                  f"Low. states an episode {per_episode:.1f}, episodes needed ~{need / per_episode:.0f}")
+    for expected in (False, True):
+        for bonus in (0.0, 1.0) if not expected else (0.0,):
+            for group in (1, 4, 8):
+                d, sd, per_episode = run(0.34, 0.95, bonus, group, expected=expected)
+                need = (2 * 1.96 * sd / d) ** 2
+                print(f"{'expected rewards, ' if expected else ''}bonus {bonus:g}, group {group}: moving on minus "
+                      f"staying {d:+.3f}, sd {sd:.2f}, Low. states an episode {per_episode:.1f}, episodes needed "
+                      f"~{need / per_episode:.0f}")
