@@ -1,0 +1,81 @@
+"""Which labels does a narrow-gap model leave after a low reward? (issue 8, docs/rlft.md; exploratory)
+
+The design's prompt shows one history line (``context=1``), so a state after a low reward is fixed by the step, the
+label last pulled and that reward. For every one of the 10 labels, at 12 steps (1-49) and 3 low rewards (-0.7,
+-1.3, -2.1), this builds that state and reads the model's greedy reply: does it stay on the label or move, and to
+which label. It also reads the model's first reply (step 1, nothing pulled yet).
+
+Greedy play of such a model is then a walk: it pulls its first label until a reward is low, moves to the label its
+reply names, and so on; a label it does not leave ends the walk. The labels on that walk, over 10, bound the
+coverage@50 of its greedy evaluation from above (an arm may give no low reward within 50 steps).
+
+    python docs/img/rlft/narrow-gap/label_probe.py NAME=MODEL_DIR [NAME=MODEL_DIR ...]
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from typing import Any
+
+import turnrl.greedy_study as g
+from turnrl import envs
+from turnrl.data.schema import Message
+from turnrl.errors import run_script
+from turnrl.rollout.policies import Request
+
+ENV = {**g.NARROW_GAP["bandit_env"]}
+STEPS = (1, 2, 3, 5, 8, 12, 16, 20, 25, 30, 40, 49)
+LOW = (-0.7, -1.3, -2.1)
+
+
+def _request(history: list[tuple[int, float]]) -> Request:
+    env: Any = envs.make("bandit", **ENV)
+    env.reset(options={"task_id": "bandit-100000"})  # the instance only fixes the labels' order, not what is shown
+    env.history = list(history)
+    msgs = [Message(role="system", content=g.BANDIT_INSTRUCTION), Message(role="user", content=env.render())]
+    return Request(env=env, messages=msgs, turn=0, valid_actions=env.labels, rng=random.Random(0))
+
+
+def probe(model: str) -> dict[str, Any]:
+    """The first label, and per label the replies after a low reward: {label: Counter(action)}."""
+    env: Any = envs.make("bandit", **ENV)
+    labels = env.labels
+    policy = g._model_policy(model, 16)
+    first = policy.act([_request([])])[0].content.partition("\nACTION=")[2].strip()
+    keys = [(a, k, r) for a in range(len(labels)) for k in STEPS for r in LOW]
+    replies = policy.act([_request([(a, 0.5)] * (k - 1) + [(a, r)]) for a, k, r in keys])
+    after: dict[str, collections.Counter[str]] = {lab: collections.Counter() for lab in labels}
+    for (a, _, _), rep in zip(keys, replies, strict=True):
+        after[labels[a]][rep.content.partition("\nACTION=")[2].strip()] += 1
+    return {"first": first, "after": after}
+
+
+def walk(first: str, after: dict[str, collections.Counter[str]]) -> list[str]:
+    """Greedy play's labels: from the first, to the most common reply after a low reward, until one stays."""
+    path = [first]
+    while first in after:
+        nxt = after[first].most_common(1)[0][0]
+        if nxt == first or nxt in path:
+            break
+        path.append(first := nxt)
+    return path
+
+
+def main(args: list[str]) -> None:
+    if not args or any("=" not in a for a in args):
+        raise ValueError("give NAME=MODEL_DIR pairs")
+    n = len(STEPS) * len(LOW)
+    for name, model in (a.split("=", 1) for a in args):
+        r = probe(model)
+        left = {lab: n - c[lab] for lab, c in r["after"].items()}
+        path = walk(r["first"], r["after"])
+        print(f"{name}: first {r['first']}; leaves {sum(v == n for v in left.values())} labels always, "
+              f"stays on {', '.join(lab for lab, v in left.items() if v < n / 2) or 'none'}; walk "
+              f"{' > '.join(path)} (coverage <= {len(path) / len(left):.1f})")
+        print("   left after a low reward, of " + str(n) + ": " + ", ".join(f"{lab} {v}" for lab, v in left.items()))
+        print("   goes to: " + ", ".join(f"{lab}>{c.most_common(1)[0][0]}" for lab, c in r["after"].items()))
+
+
+if __name__ == "__main__":
+    run_script(main, "label_probe.py NAME=MODEL_DIR [NAME=MODEL_DIR ...]")
