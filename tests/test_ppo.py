@@ -392,6 +392,12 @@ def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> N
     assert "arms" in run("--env", "bandit", "--env-opt", "arms=0")
     assert "'epsilon': must be in [0, 1]" in run("--env", "bandit", "epsilon=2")
     assert "'temperature': must be a finite number > 0" in run("--env", "bandit", "temperature=0")
+    assert "reward_source" in run("--env", "bandit", "reward_source=mean")
+    # an env without expected rewards: one line at the first rollout, before any step
+    err = run("--env", "tictactoe", "reward_source=expected", "iterations=1", "episodes_per_iter=2", "num_envs=2",
+              "max_new_tokens=4", "minibatches=1", "batch_size=2")
+    assert "reward_source=expected: env 'tictactoe' does not report" in err
+    assert not (tmp_path / "o" / "summary.json").exists()
     with pytest.raises(ValidationError, match="epsilon"):
         PPOConfig(epsilon=2.0)
 

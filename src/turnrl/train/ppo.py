@@ -71,9 +71,10 @@ Departures from the paper (and why):
 * ``reward_source=expected`` (not in the paper; off by default) trains on the pulled arm's
   mean instead of its noisy reward. The noise of step k's reward has mean 0 given everything
   up to step k's action, and every term of the policy gradient that step k's reward enters
-  (turns t <= k) is fixed by then, so the expected gradient is the same: only its variance
-  falls (a Rao-Blackwellised reward). It reads means the agent never sees, which only a
-  simulator has.
+  (turns t <= k) is fixed by then, so the expected policy gradient is the same and only its
+  variance falls (a Rao-Blackwellised reward; exact for the plain policy gradient, close for
+  PPO, whose clipping and standardised advantages are not linear in the rewards). It reads
+  means the agent never sees, which only a simulator has.
 * epsilon-greedy turns are executed but not trained on (the model did not write them).
 * A reply cut by the thinking budget is trained with the template's end-of-turn token
   appended, which the model did not sample; its old log-prob is recomputed like the rest.
