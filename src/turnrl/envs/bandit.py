@@ -250,11 +250,12 @@ class BanditEnvBase(TextEnv):
         arm = lookup.get(text)
         t = len(self.history)
         reward = float(inst.rewards[t, arm]) if arm is not None else 0.0
-        self._regret += float(inst.mu[t].max() - (inst.mu[t, arm] if arm is not None else 0.0))
+        expected = float(inst.mu[t, arm]) if arm is not None else 0.0
+        self._regret += float(inst.mu[t].max()) - expected
         self.history.append((arm, reward))
         done = len(self.history) >= self.horizon
         info = self._info(arm=arm, reward=reward, invalid=arm is None)
-        info["expected_reward"] = float(inst.mu[t, arm]) if arm is not None else 0.0
+        info["expected_reward"] = expected
         if done:
             won = self._success()
             info.update(won=won, success=won)

@@ -20,6 +20,7 @@ from typing import Any
 
 import turnrl.greedy_study as g
 from turnrl import envs
+from turnrl.agent.parsing import parse_action
 from turnrl.data.schema import Message
 from turnrl.errors import run_script
 from turnrl.rollout.policies import Request
@@ -42,12 +43,12 @@ def probe(model: str) -> dict[str, Any]:
     env: Any = envs.make("bandit", **ENV)
     labels = env.labels
     policy = g._model_policy(model, 16)
-    first = policy.act([_request([])])[0].content.partition("\nACTION=")[2].strip()
+    first = parse_action(policy.act([_request([])])[0].content, labels).action
     keys = [(a, k, r) for a in range(len(labels)) for k in STEPS for r in LOW]
     replies = policy.act([_request([(a, 0.5)] * (k - 1) + [(a, r)]) for a, k, r in keys])
     after: dict[str, collections.Counter[str]] = {lab: collections.Counter() for lab in labels}
     for (a, _, _), rep in zip(keys, replies, strict=True):
-        after[labels[a]][rep.content.partition("\nACTION=")[2].strip()] += 1
+        after[labels[a]][parse_action(rep.content, labels).action or "none"] += 1  # the action as the env reads it
     return {"first": first, "after": after}
 
 
