@@ -276,24 +276,27 @@ def _model_policy(model: str | Path, max_new_tokens: int, temperature: float = 0
 
 
 def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[str], max_new_tokens: int,
-                instruction: str) -> dict[str, Any]:
-    """Greedy episodes of ``model`` on ``task_ids``: regret, coverage, knowing-doing."""
+                instruction: str, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """Episodes of ``model`` on ``task_ids`` (greedy unless ``temperature`` > 0, then sampled with
+    torch seeded by ``seed``): regret, coverage, knowing-doing."""
     import random as _random
 
     from turnrl import envs
     from turnrl.agent.prompting import PromptConfig
     from turnrl.bandits.simulate import Run
+    from turnrl.devices import forked_rng
     from turnrl.diagnostics.bandit import PolicyRun, coverage_summary, knowing_doing, regret_summary
     from turnrl.envs.bandit import BEST_SUMMARIES, best_tried
     from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
 
-    policy = _model_policy(model, max_new_tokens)
+    policy = _model_policy(model, max_new_tokens, temperature)
     specs = [EpisodeSpec(i, "seen", tid, _random.Random(f"eval/{tid}").randrange(2**31))
              for i, tid in enumerate(task_ids)]
     sampler = Sampler(lambda: envs.make("bandit", **env_opts), policy, env_name="bandit",
                       num_envs=len(specs), prompt=PromptConfig(history=0, instruction=instruction))
     try:
-        trajs = sampler.run(specs)
+        with forked_rng(seed):
+            trajs = sampler.run(specs)
     finally:
         sampler.close()
     env: Any = envs.make("bandit", **env_opts)
