@@ -578,6 +578,42 @@ def test_bandit_eval_counts_how_often_low_is_acted_on(monkeypatch) -> None:
     assert r["invalid"] == 1.0 and r["low_replies"] == 0 and r["moves_on_low"] is None
 
 
+def test_bandit_eval_samples_with_torch_seeded_by_seed(monkeypatch) -> None:
+    """``temperature`` reaches the model policy; the episodes' draws come from torch seeded by ``seed`` (the same
+    seed the same episodes, another seed others), and the caller's torch stream does not move."""
+    import torch
+
+    import turnrl.greedy_study as g
+
+    temps = []
+
+    class TorchDraw:  # a stand-in for a sampled model: each reply's button is a draw from torch's RNG
+        name = "torch-draw"
+
+        def act(self, requests: list[Any]) -> list[Any]:
+            from turnrl.rollout.policies import Reply
+
+            return [Reply(f"Low.\nACTION={g.LABELS[int(torch.randint(10, (1,)))]}") for _ in requests]
+
+    def policy(model: Any, max_new_tokens: int, temperature: float = 0.0) -> TorchDraw:
+        temps.append(temperature)
+        return TorchDraw()
+
+    monkeypatch.setattr(g, "_model_policy", policy)
+    env = {"arms": 10, "noise": "medium", "horizon": 8, "context": 1}
+    ids = [f"bandit-{100000 + i}" for i in range(4)]
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = g.bandit_eval("m", env, ids, 16, g.BANDIT_INSTRUCTION, temperature=1.0, seed=5)
+    b = g.bandit_eval("m", env, ids, 16, g.BANDIT_INSTRUCTION, temperature=1.0, seed=5)
+    c = g.bandit_eval("m", env, ids, 16, g.BANDIT_INSTRUCTION, temperature=1.0, seed=6)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert temps == [1.0, 1.0, 1.0] and a["invalid"] == 0
+    assert a["final_regret"] == b["final_regret"] and a["final_regret"] != c["final_regret"]
+    g.bandit_eval("m", env, ids, 16, g.BANDIT_INSTRUCTION)
+    assert temps[-1] == 0.0
+
+
 def test_bandit_eval_with_summary_best_counts_whether_the_word_names_the_arm(monkeypatch) -> None:
     """``said`` (summary=best only): per rationale word, replies after the first pull and those whose
     arm is the one the word names. The explore-first policy is right every time; a policy that says

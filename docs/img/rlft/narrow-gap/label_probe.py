@@ -9,7 +9,12 @@ Greedy play of such a model is then a walk: it pulls its first label until a rew
 reply names, and so on; a label it does not leave ends the walk. The labels on that walk, over 10, bound the
 coverage@50 of its greedy evaluation from above (an arm may give no low reward within 50 steps).
 
-    python docs/img/rlft/narrow-gap/label_probe.py NAME=MODEL_DIR [NAME=MODEL_DIR ...]
+With ``sample=K`` it reads the policy RLFT samples instead (temperature 1, torch seeded with 0): per label, the
+share of K replies in each of 15 of those states (steps 2, 5, 12, 25 and 40) that stay on the label, and the
+first labels of 200 sampled first replies. Greedy decoding leaves a label only where staying has fallen below
+about one half.
+
+    python docs/img/rlft/narrow-gap/label_probe.py [sample=K] NAME=MODEL_DIR [NAME=MODEL_DIR ...]
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import turnrl.greedy_study as g
 from turnrl import envs
 from turnrl.agent.parsing import parse_action
 from turnrl.data.schema import Message
+from turnrl.devices import forked_rng
 from turnrl.errors import run_script
 from turnrl.rollout.policies import Request
 
 ENV = {**g.NARROW_GAP["bandit_env"]}
 STEPS = (1, 2, 3, 5, 8, 12, 16, 20, 25, 30, 40, 49)
 LOW = (-0.7, -1.3, -2.1)
+SAMPLED_STEPS = (2, 5, 12, 25, 40)
 
 
 def _request(history: list[tuple[int, float]]) -> Request:
@@ -52,6 +59,24 @@ def probe(model: str) -> dict[str, Any]:
     return {"first": first, "after": after}
 
 
+def sampled(model: str, k: int) -> dict[str, Any]:
+    """At temperature 1: per label, the share of replies after a low reward that stay on it (``k`` replies in
+    each state), and a Counter of the first label over 200 first replies."""
+    env: Any = envs.make("bandit", **ENV)
+    labels = env.labels
+    policy = g._model_policy(model, 16, temperature=1.0)
+    keys = [(a, s, r) for a in range(len(labels)) for s in SAMPLED_STEPS for r in LOW for _ in range(k)]
+    with forked_rng(0):
+        replies = policy.act([_request([(a, 0.5)] * (s - 1) + [(a, r)]) for a, s, r in keys])
+        firsts = policy.act([_request([]) for _ in range(200)])
+    stays: collections.Counter[str] = collections.Counter()
+    for (a, _, _), rep in zip(keys, replies, strict=True):
+        stays[labels[a]] += parse_action(rep.content, labels).action == labels[a]
+    n = len(SAMPLED_STEPS) * len(LOW) * k
+    return {"stay": {lab: stays[lab] / n for lab in labels},
+            "first": collections.Counter(str(parse_action(r.content, labels).action) for r in firsts)}
+
+
 def walk(first: str, after: dict[str, collections.Counter[str]]) -> list[str]:
     """Greedy play's labels: from the first, to the most common reply after a low reward, until one stays."""
     path = [first]
@@ -64,10 +89,18 @@ def walk(first: str, after: dict[str, collections.Counter[str]]) -> list[str]:
 
 
 def main(args: list[str]) -> None:
-    if not args or any("=" not in a for a in args):
+    k = int(args.pop(0).split("=", 1)[1]) if args and args[0].startswith("sample=") else 0
+    if not args or any("=" not in a for a in args) or k < 0:
         raise ValueError("give NAME=MODEL_DIR pairs")
     n = len(STEPS) * len(LOW)
     for name, model in (a.split("=", 1) for a in args):
+        if k:
+            r = sampled(model, k)
+            stay = r["stay"]
+            print(f"{name}: stays after a low reward, temperature 1 (of {len(SAMPLED_STEPS) * len(LOW) * k}): mean "
+                  f"{sum(stay.values()) / len(stay):.2f}; " + ", ".join(f"{lab} {v:.2f}" for lab, v in stay.items()))
+            print("   first label of 200 sampled: " + ", ".join(f"{lab} {c}" for lab, c in r["first"].most_common(5)))
+            continue
         r = probe(model)
         left = {lab: n - c[lab] for lab, c in r["after"].items()}
         path = walk(r["first"], r["after"])
@@ -77,6 +110,5 @@ def main(args: list[str]) -> None:
         print("   left after a low reward, of " + str(n) + ": " + ", ".join(f"{lab} {v}" for lab, v in left.items()))
         print("   goes to: " + ", ".join(f"{lab}>{c.most_common(1)[0][0]}" for lab, c in r["after"].items()))
 
-
 if __name__ == "__main__":
-    run_script(main, "label_probe.py NAME=MODEL_DIR [NAME=MODEL_DIR ...]")
+    run_script(main, "label_probe.py [sample=K] NAME=MODEL_DIR [NAME=MODEL_DIR ...]")
