@@ -89,8 +89,13 @@ def walk(first: str, after: dict[str, collections.Counter[str]]) -> list[str]:
 
 
 def main(args: list[str]) -> None:
-    k = int(args.pop(0).split("=", 1)[1]) if args and args[0].startswith("sample=") else 0
-    if not args or any("=" not in a for a in args) or k < 0:
+    k = 0
+    if args and args[0].startswith("sample="):
+        value = args.pop(0).split("=", 1)[1]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"sample=K takes a whole number of replies, at least 1 (got {value!r})")
+        k = int(value)
+    if not args or any("=" not in a for a in args):
         raise ValueError("give NAME=MODEL_DIR pairs")
     n = len(STEPS) * len(LOW)
     for name, model in (a.split("=", 1) for a in args):

@@ -54,7 +54,10 @@ def main(args: list[str]) -> None:
     opts = [a.split("=", 1) for a in args[4:]]
     if any(len(o) != 2 for o in opts):
         raise ValueError("every argument after SEED is KEY=VALUE")
-    jobs = int(next((v for k, v in opts if k == "jobs"), "1"))
+    jobs_text = next((v for k, v in opts if k == "jobs"), "1")
+    if not jobs_text.isdigit() or int(jobs_text) < 1:
+        raise ValueError(f"jobs=J takes a whole number of processes, at least 1 (got {jobs_text!r})")
+    jobs = int(jobs_text)
     greedy = {k.removeprefix("greedy."): Path(v) for k, v in opts if k.startswith("greedy.")}
     models = [(k, v) for k, v in opts if k != "jobs" and not k.startswith("greedy.")]
     if not models or set(greedy) - {k for k, _ in models}:
