@@ -89,5 +89,6 @@ def main(args: list[str]) -> None:
                 base = None if k == start or start not in read else np.array(read[start]["final_regret"][:n])
                 print(_line(k, reg, cov, base))
 
+
 if __name__ == "__main__":
     run_script(main, "sampled_eval.py OUT FIRST N SEED [jobs=J] NAME=MODEL_DIR [greedy.NAME=JSON] ...")
