@@ -73,7 +73,7 @@ def sampled(model: str, k: int) -> dict[str, Any]:
     for (a, _, _), rep in zip(keys, replies, strict=True):
         stays[labels[a]] += parse_action(rep.content, labels).action == labels[a]
     n = len(SAMPLED_STEPS) * len(LOW) * k
-    return {"stay": {lab: stays[lab] / n for lab in labels},
+    return {"replies": n, "stay": {lab: stays[lab] / n for lab in labels},
             "first": collections.Counter(str(parse_action(r.content, labels).action) for r in firsts)}
 
 
@@ -102,7 +102,7 @@ def main(args: list[str]) -> None:
         if k:
             r = sampled(model, k)
             stay = r["stay"]
-            print(f"{name}: stays after a low reward, temperature 1 (of {len(SAMPLED_STEPS) * len(LOW) * k}): mean "
+            print(f"{name}: stays after a low reward, temperature 1 (of {r['replies']}): mean "
                   f"{sum(stay.values()) / len(stay):.2f}; " + ", ".join(f"{lab} {v:.2f}" for lab, v in stay.items()))
             print("   first label of 200 sampled: " + ", ".join(f"{lab} {c}" for lab, c in r["first"].most_common(5)))
             continue
@@ -114,6 +114,7 @@ def main(args: list[str]) -> None:
               f"{' > '.join(path)} (coverage <= {len(path) / len(left):.1f})")
         print("   left after a low reward, of " + str(n) + ": " + ", ".join(f"{lab} {v}" for lab, v in left.items()))
         print("   goes to: " + ", ".join(f"{lab}>{c.most_common(1)[0][0]}" for lab, c in r["after"].items()))
+
 
 if __name__ == "__main__":
     run_script(main, "label_probe.py [sample=K] NAME=MODEL_DIR [NAME=MODEL_DIR ...]")

@@ -29,13 +29,9 @@ def _job(path: str, model: str, first: int, n: int, seed: int) -> str:
     import torch
 
     torch.set_num_threads(1)
-    out = Path(path)
-    if not out.exists():
-        ids = [f"bandit-{first + i}" for i in range(n)]
-        r = g.bandit_eval(model, ENV, ids, 16, g.BANDIT_INSTRUCTION, temperature=1.0, seed=seed)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(r) + "\n")
-        tmp.replace(out)  # never a half-written record that looks complete
+    ids = [f"bandit-{first + i}" for i in range(n)]
+    # the study's cache: a record already there is kept, a new one is written whole (never half)
+    g._cached(Path(path), lambda: g.bandit_eval(model, ENV, ids, 16, g.BANDIT_INSTRUCTION, temperature=1.0, seed=seed))
     return path
 
 
