@@ -167,6 +167,39 @@ def test_invalid_reply_settings_reach_every_rollout_of_the_pipelines(tmp_path: P
         load_config(EtoConfig, overrides=["invalid_action=stop"])
 
 
+def test_eval_temperature_reaches_every_evaluation_but_best_of_n(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``eval_temperature`` is the temperature of the pipelines' evaluation games (0, greedy, by
+    default); Best-of-N samples at 1 whatever it is; SPPO's evaluations inherit it; below 0 it is
+    a one-line error naming the key."""
+    from turnrl.pipelines import eto
+    from turnrl.pipelines.sppo import SPPOConfig
+    from turnrl.rollout.policies import Reply
+
+    seen: list[float] = []
+
+    class Centre:  # an occupied centre gets a random legal move played for it
+        name = "centre"
+
+        def act(self, requests: Any) -> list[Reply]:
+            return [Reply("Thought: centre.\nAction: 4") for _ in requests]
+
+    def fake_policy(model: str, cfg: Any, temperature: float) -> Centre:
+        seen.append(temperature)
+        return Centre()
+
+    monkeypatch.setattr(eto, "_policy", fake_policy)
+    small = {"eval_splits": ["seen"], "eval_episodes": 2}
+    eto.evaluate_model(eto.EtoConfig(**small), "m", tmp_path / "greedy.json", "a")
+    eto.evaluate_model(eto.EtoConfig(**small, eval_temperature=0.7), "m", tmp_path / "sampled.json", "b")
+    eto.best_of_n(eto.EtoConfig(**small, eval_temperature=0.7), "m", tmp_path / "bon.json", n=2)
+    eto.evaluate_model(SPPOConfig(**small, eval_temperature=0.5).eto_view(), "m", tmp_path / "sppo.json", "c")
+    assert seen == [0.0, 0.7, 1.0, 0.5]
+    assert json.loads((tmp_path / "sampled.json").read_text())["results"][0]["episodes"] == 2
+    with pytest.raises(TurnRLError, match="eval_temperature"):
+        load_config(eto.EtoConfig, overrides=["eval_temperature=-1"])
+
+
 def test_config_cross_checks() -> None:
     from turnrl.pipelines.compare import CompareConfig, _check
     from turnrl.pipelines.eto import EtoConfig

@@ -452,9 +452,10 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         demos += f"; one SFT agent for every seed (trained with seed {cfg.sft_seed})"
     elif p.model is not None:
         demos += f"; every seed starts from `{p.model}`"
+    decoding = "greedy" if p.eval_temperature == 0 else f"sampled (temperature {p.eval_temperature:g})"
     lines = [
         "# turnrl compare", "",
-        f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}{demos}, {p.eval_episodes} greedy episodes per "
+        f"Env `{p.env}` {json.dumps(p.env_opts)} ({invalid}), seeds {cfg.seeds}{demos}, {p.eval_episodes} {decoding} episodes per "
         f"split and seed{bon}. Avg reward and success: mean over "
         "seeds of each seed's mean, with a 95% CI across seeds (Student t). Minus SFT, paired: the mean over seeds of "
         "the row's avg reward minus that of the same seed's SFT agent (its start), with a 95% CI across seeds. By "

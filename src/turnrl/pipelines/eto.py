@@ -107,6 +107,10 @@ class AgentPipelineConfig(Config):
     eval_splits: list[str] = ["seen", "unseen"]
     eval_episodes: int = 100
     eval_seed: int = 1
+    eval_temperature: float = 0.0
+    """Temperature of the evaluation games: 0 plays greedily (ETO and DMPO evaluate at 0); above 0
+    every row samples its replies, with torch seeded by ``seed`` and the row (Best-of-N samples
+    at 1 whatever this is)."""
     seed: int = 0
     """Seeds training (SFT and preference trainers' order and init), sampling and, unless
     ``data_seed`` is set, the train-task plan."""
@@ -117,7 +121,7 @@ class AgentPipelineConfig(Config):
     num_envs: int = 64
     max_new_tokens: int = 48
 
-    value_ranges = {"history": Range(0), **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs",
+    value_ranges = {"history": Range(0), "eval_temperature": Range(0), **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs",
                                                           "max_new_tokens"), Range(1))}
 
     def plan_seed(self) -> int:
@@ -319,7 +323,7 @@ def evaluate_model(cfg: EtoConfig, model: str, out: Path, label: str, *, n: int 
     from turnrl.rollout.sampler import plan_episodes
     from turnrl.train.core import atomic_write_json
 
-    temp = (1.0 if n > 1 else 0.0) if temperature is None else temperature
+    temp = (1.0 if n > 1 else cfg.eval_temperature) if temperature is None else temperature
     _seed_torch(cfg.seed, "eval", label)
     policy = RandomPolicy() if model == "random" else _policy(model, cfg, temp)
     env = envs.make(cfg.env, **cfg.env_opts)
