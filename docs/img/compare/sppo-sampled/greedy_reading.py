@@ -1,0 +1,72 @@
+"""The greedy reading of a sampled `turnrl compare` run of SFT and SPPO (PREREGISTERED.txt, D2).
+
+Plays each seed's SFT agent and SPPO's final agent greedily on the run's seen games (the pipeline's
+`eval_seed`, `eval_greedy` games: the 200 seen tasks once), writes OUT/seed-S/greedy-{sft,sppo}.json
+(resumable stages), then prints both readings side by side: each row's mean over seeds with a 95% CI
+across seeds, and SPPO minus the same seed's SFT, paired across seeds.
+
+    python docs/img/compare/sppo-sampled/greedy_reading.py CONFIG OUT SEED [SEED ...] [key=value ...]
+
+CONFIG and the key=value overrides are those of the `turnrl compare` command that made OUT.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from turnrl.config import load_config
+from turnrl.errors import TurnRLError
+from turnrl.pipelines.compare import CompareConfig, final_records, seed_run
+from turnrl.pipelines.eto import evaluate_model
+from turnrl.pipelines.iterative import run_stage
+from turnrl.stats import mean_ci95
+
+EVAL_GREEDY = 200  # greedy play of the 200 seen tasks is deterministic: each once
+
+
+def _avg(records: list[dict]) -> float:
+    return next(r["avg_reward"] for r in records if r["split"] == "seen")
+
+
+def main(argv: list[str]) -> None:
+    overrides = [a for a in argv if "=" in a]
+    rest = [a for a in argv if "=" not in a]
+    if len(rest) < 3:
+        raise TurnRLError("usage: greedy_reading.py CONFIG OUT SEED [SEED ...] [key=value ...]")
+    config, out, seeds = rest[0], rest[1], rest[2:]
+    try:
+        seed_list = [int(s) for s in seeds]
+    except ValueError:
+        raise TurnRLError(f"SEED: not an integer in {seeds}") from None
+    cfg = load_config(CompareConfig, config, overrides + [f"out={out}"])
+    sampled = json.loads((Path(out) / "compare.json").read_text())["results"]
+    last = {(r["method"], r["seed"]): r["avg_reward"] for r in final_records(sampled) if r["split"] == "seen"}
+    rows: dict[str, dict[str, list[float]]] = {"sampled": {"sft": [], "sppo": []}, "greedy": {"sft": [], "sppo": []}}
+    for seed in seed_list:
+        run = seed_run(cfg, seed)
+        pipe = run.pipe.model_copy(update={"eval_episodes": EVAL_GREEDY, "eval_splits": ["seen"]})
+        sppo = run.dir / "sppo" / f"iter-{cfg.sppo.get('iterations', 3)}" / "train" / "model"
+        if not sppo.is_dir():
+            raise TurnRLError(f"{sppo}: missing; run the compare command for seed {seed} first")
+        for name, model in (("sft", run.sft), ("sppo", str(sppo))):
+            recs = run_stage(run.dir / f"greedy-{name}.json",
+                             lambda p, m=model, n=name: evaluate_model(pipe, m, p, f"greedy-{n}", temperature=0.0))
+            rows["greedy"][name].append(_avg(recs))
+            rows["sampled"][name].append(last[(name, seed)])
+    print(f"seeds {seed_list}; sampled: {cfg.pipeline.eval_episodes} games at temperature "
+          f"{cfg.pipeline.eval_temperature:g}; greedy: {EVAL_GREEDY} games")
+    for reading, r in rows.items():
+        diff = [b - a for a, b in zip(r["sft"], r["sppo"])]
+        (ms, cs), (mp, cp), (md, cd) = mean_ci95(r["sft"]), mean_ci95(r["sppo"]), mean_ci95(diff)
+        print(f"{reading:8s} SFT {ms:.3f} [{cs[0]:.3f}, {cs[1]:.3f}]  SPPO {mp:.3f} [{cp[0]:.3f}, {cp[1]:.3f}]  "
+              f"paired {md:+.3f} [{cd[0]:+.3f}, {cd[1]:+.3f}]  up {sum(d > 0 for d in diff)} / down "
+              f"{sum(d < 0 for d in diff)}")
+        print(f"{'':8s} per seed SFT {' '.join(f'{v:.4f}' for v in r['sft'])}")
+        print(f"{'':8s} per seed SPPO {' '.join(f'{v:.4f}' for v in r['sppo'])}")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except TurnRLError as e:
+        sys.exit(f"error: {e}")
