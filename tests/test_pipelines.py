@@ -70,6 +70,13 @@ def test_check_settings_refuses_to_resume_with_other_settings(tmp_path: Path) ->
     assert json.loads((out / "settings.json").read_text())["env"] == "tictactoe"  # a refused run records nothing
     with pytest.raises(TurnRLError, match="iterations: 3, now 4"):
         check_settings(out, {"iterations": 4})  # not free here
+    # a free-form dict (env options, compare's sppo section) is compared whole: an option added is a difference
+    opts = tmp_path / "opts"
+    check_settings(opts, {"env_opts": {"opponent": "random"}, "sppo": {}})
+    for changed, shown in (({"env_opts": {"opponent": "random", "noise": 0.5}, "sppo": {}}, "env_opts"),
+                           ({"env_opts": {"opponent": "random"}, "sppo": {"select": "best_worst"}}, "sppo")):
+        with pytest.raises(TurnRLError, match=rf"\({shown}: "):
+            check_settings(opts, changed)
     (out / "settings.json").write_text("{")
     with pytest.raises(TurnRLError, match=r"settings\.json: unreadable .*remove it"):
         check_settings(out, {"iterations": 4})
@@ -93,6 +100,29 @@ def test_pipelines_refuse_an_out_made_with_other_settings(tmp_path: Path) -> Non
         with pytest.raises(TurnRLError, match=r"eval_episodes: 7, now 100"):
             run(cfg)  # type: ignore[operator]
         assert sorted(p.name for p in Path(cfg.out).iterdir()) == ["settings.json"]
+
+
+def test_stage_lock_left_with_our_own_pid_is_taken_over(tmp_path: Path) -> None:
+    """A killed run's lock holds its pid; a rerun that got the same pid (pid 1 in a container) takes
+    it over instead of waiting for itself forever."""
+    import threading
+
+    from turnrl.pipelines.iterative import stage_lock
+
+    out = tmp_path / "stage"
+    lock = out.with_name("stage.lock")
+    lock.write_text(str(os.getpid()))
+    os.utime(lock, (0, 0))  # written long ago
+    taken = threading.Event()
+
+    def take() -> None:
+        with stage_lock(out, poll=0.01):
+            taken.set()
+
+    t = threading.Thread(target=take, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert taken.is_set() and not lock.exists()
 
 
 def test_iter_dir(tmp_path: Path) -> None:
@@ -212,6 +242,10 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(methods=["sft", "dpmo"]))
     with pytest.raises(TurnRLError, match="gamma"):
         _check(CompareConfig(dmpo_gammas=[0.0]))
+    with pytest.raises(TurnRLError, match=r"truncate_ks: .*k >= 0 \(got -1\)"):
+        _check(CompareConfig(truncate_ks=[-1]))
+    with pytest.raises(TurnRLError, match=r"samples_per_task must be >= 2 \(got 1\)"):
+        EtoConfig(self_play=True, samples_per_task=1).check()
     with pytest.raises(TurnRLError, match="set pipeline.data_seed too"):
         _check(CompareConfig(sft_seed=3))
     with pytest.raises(TurnRLError, match="set one of them"):
@@ -325,6 +359,14 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     partial = aggregate([r for r in recs if not (r["method"] == "sft" and r["seed"] == 2)])
     assert next(r for r in partial if r["method"] == "eto")["vs_sft"]["seeds"] == 2
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
+    # DMPO without its DPO baseline (ETO's first iteration, not run) says so instead of dropping the claim
+    dm = aggregate(recs + [_rec("dmpo-g0.1-noisy", s, "seen", 0.3, iteration=1) for s in range(3)])
+    lone = verdicts(CompareConfig(methods=["sft", "dmpo"], dmpo_gammas=[0.1]),
+                    [r for r in dm if r["method"] != "eto"])
+    assert "- noisy losers, seen: DMPO gamma=0.1 has no DPO row to compare with (the DPO baseline is ETO's " \
+           "first iteration, dpo_from_eto: run eto too)" in lone
+    both = verdicts(CompareConfig(methods=["sft", "eto", "dmpo"], dmpo_gammas=[0.1]), dm)
+    assert any(line.startswith("- noisy losers, seen: DMPO gamma=0.1 0.300") for line in both)
 
 
 def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:

@@ -202,6 +202,8 @@ def test_compare_sppo_section_is_checked_and_applied(tmp_path: Path) -> None:
         _check(CompareConfig(methods=["sppo"], sppo={"train": {"lrr": 1.0}}))
     with pytest.raises(TurnRLError, match=r"section sppo: 'model' is set by the comparison"):
         _check(CompareConfig(methods=["sppo"], sppo={"model": "x"}))
+    with pytest.raises(TurnRLError, match=r"section sppo: 'eval_seed' is shared by every method; set pipeline.eval_seed"):
+        _check(CompareConfig(methods=["sppo"], sppo={"eval_seed": 7}))  # SPPO would play other games than SFT
     with pytest.raises(TurnRLError, match=r"bad value for 'select'"):
         _check(CompareConfig(methods=["sppo"], sppo={"select": "median"}))
     cfg = CompareConfig(methods=["sppo"], sppo={"train": {"lr": 1e-5}, "train_tasks": 7})
@@ -212,6 +214,37 @@ def test_compare_sppo_section_is_checked_and_applied(tmp_path: Path) -> None:
     assert (got.model, got.seed, got.iterations, got.out) == ("SFT", 3, 2, str(tmp_path / "sppo"))
     dpo = compare_config(run, "dpo")
     assert (dpo.loss, dpo.out, dpo.train.lr) == ("dpo", str(tmp_path / "sppo_dpo"), 1e-5)
+
+
+def test_self_play_dpo_records_name_their_method_and_count_their_pairs(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sppo_dpo`` (SPPO's samples, DPO on best-vs-worst pairs) evaluates under its method's name and
+    its compare records count the pairs it trained on, as ``sppo``'s count its samples."""
+    from types import SimpleNamespace
+
+    from turnrl.pipelines import sppo
+    from turnrl.pipelines.compare import CompareConfig
+    from turnrl.pipelines.eto import EtoConfig
+
+    labels: list[str] = []
+
+    def fake_stage(output: Path, fn: object, log: object = None, name: str | None = None) -> object:
+        step = (name or "").split("/")[-1]
+        if step == "eval":
+            return fn(output)  # type: ignore[operator]
+        return {"sample": {}, "oracle": {"train_pairs": 4}, "train": "new-model"}[step]
+
+    def fake_evaluate(cfg: object, model: str, out: Path, label: str) -> list[dict[str, object]]:
+        labels.append(label)
+        return [{"split": "seen", "avg_reward": 0.5}]
+
+    monkeypatch.setattr(sppo, "run_stage", fake_stage)
+    monkeypatch.setattr(sppo, "evaluate", fake_evaluate)
+    run = SimpleNamespace(cfg=CompareConfig(methods=["sppo_dpo"]), pipe=EtoConfig(iterations=2, seed=3), sft="SFT",
+                          dir=tmp_path, log=None)
+    recs = sppo.compare_method(run, "dpo")
+    assert labels == ["sppo_dpo-iter1", "sppo_dpo-iter2"]
+    assert [(r["method"], r["iteration"], r["samples"]) for r in recs] == [("sppo_dpo", 1, 4), ("sppo_dpo", 2, 4)]
 
 
 def test_data_seed_fixes_the_train_task_plan_across_seeds(tmp_path: Path) -> None:

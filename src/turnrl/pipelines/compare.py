@@ -175,11 +175,16 @@ def _dmpo(run: SeedRun) -> list[Record]:
     return out
 
 
+def _loser_length_gamma(cfg: CompareConfig) -> float:
+    """The DMPO gamma of the loser-length study: the smallest of ``dmpo_gammas``, else the trainer's."""
+    return min(cfg.dmpo_gammas) if cfg.dmpo_gammas else cfg.pipeline.train.gamma
+
+
 def _loser_length(run: SeedRun) -> list[Record]:
     """DPO and DMPO (smallest gamma) with losers cut to the winner's turns plus k, noisy losers."""
     cfg = run.cfg
     out: list[Record] = []
-    g = min(cfg.dmpo_gammas) if cfg.dmpo_gammas else run.pipe.train.gamma
+    g = _loser_length_gamma(cfg)
     train = run.pipe.train.model_copy(update={"gamma": g})
     for k in cfg.truncate_ks:
         out += _pipeline(run, f"dpo-noisy-k{k}", 1, loss="dpo", losers="noisy", truncate_k=k)
@@ -213,6 +218,9 @@ def _check(cfg: CompareConfig) -> None:
     for g in cfg.dmpo_gammas:
         if not 0 < g <= 1:
             raise TurnRLError(f"dmpo_gammas: gamma must be in (0, 1] (got {g})")
+    for k in cfg.truncate_ks:
+        if k < 0:
+            raise TurnRLError(f"truncate_ks: losers are cut to the winner's turns plus k, k >= 0 (got {k})")
     if cfg.sft_seed is not None and cfg.pipeline.data_seed is None:
         raise TurnRLError("sft_seed trains one SFT agent for every seed on one demo set: set pipeline.data_seed too")
     if cfg.sft_seed is not None and cfg.pipeline.model is not None:
@@ -381,13 +389,17 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
             if (r["method"] in ("eto", "sppo", "sppo_dpo")
                     or r["method"].startswith("dmpo-g") and "-k" not in r["method"]):
                 out.append(f"- {r['method']} vs sft (seen): {_versus(r, sft)}")
-    dpo = _row(rows, "eto" if cfg.dpo_from_eto and cfg.pipeline.losers == "noisy" else "dpo-noisy", "seen")
-    if "noisy" in cfg.loser_settings and cfg.dmpo_gammas and dpo is not None:
+    from_eto = cfg.dpo_from_eto and cfg.pipeline.losers == "noisy"
+    dpo = _row(rows, "eto" if from_eto else "dpo-noisy", "seen")
+    if "noisy" in cfg.loser_settings and cfg.dmpo_gammas:
         g = min(cfg.dmpo_gammas)
         dm = _row(rows, f"dmpo-g{g:g}-noisy", "seen")
-        if dm is not None:
+        if dm is not None and dpo is None:
+            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with"
+                       + (" (the DPO baseline is ETO's first iteration, dpo_from_eto: run eto too)" if from_eto else ""))
+        elif dm is not None and dpo is not None:
             if dpo["method"] == "eto":  # the same (first) iteration as the DMPO run
-                dpo = _first_iteration(rows, dpo)
+                dpo = _first_iteration(dpo)
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
@@ -399,7 +411,7 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
     return out
 
 
-def _first_iteration(rows: list[Record], eto_row: Record) -> Record:
+def _first_iteration(eto_row: Record) -> Record:
     return eto_row.get("_iter1", eto_row)
 
 
@@ -535,9 +547,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for k, (method, split) in enumerate(dict.fromkeys((r["method"], r["split"]) for r in it)):
         pts = [r for r in it if (r["method"], r["split"]) == (method, split)]
-        ax.errorbar([r["iteration"] + 0.06 * k for r in pts], [r["avg_reward"] for r in pts], capsize=3, marker="o",
-                    yerr=[[r["avg_reward"] - r["ci95"][0] for r in pts], [r["ci95"][1] - r["avg_reward"] for r in pts]],
-                    label=f"{method} ({split})")
+        bars(ax, [r["iteration"] + 0.06 * k for r in pts], pts, label=f"{method} ({split})")
     ax.set_xticks(sorted({r["iteration"] for r in it}))  # whole iterations, no 0.5 ticks
     finish(fig, ax, out / "reward_by_iteration.png", "iteration (0 = SFT)", "reward by iteration")
 
@@ -562,7 +572,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     finish(fig, ax, out / "dmpo_gamma.png", "gamma", "DMPO reward vs gamma (seen, 1 iteration)")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    g = min(cfg.dmpo_gammas) if cfg.dmpo_gammas else 0.0
+    g = _loser_length_gamma(cfg)
     ks = [f"-k{k}" for k in cfg.truncate_ks]
     for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy"), "dpo-noisy"),
                                               (f"DMPO gamma={g:g}", seen.get(f"dmpo-g{g:g}-noisy"), f"dmpo-g{g:g}-noisy"))):

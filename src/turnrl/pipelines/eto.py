@@ -179,6 +179,9 @@ class EtoConfig(AgentPipelineConfig):
         self.check_common()
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
+        if self.self_play and self.samples_per_task < 2:
+            raise TurnRLError(f"self_play pairs a task's own samples: samples_per_task must be >= 2 (got "
+                              f"{self.samples_per_task})")
         return self
 
 
@@ -274,7 +277,7 @@ def explore(cfg: EtoConfig, model: str, out: Path, i: int, experts: list[Traject
         if cfg.pairs in ("trajectory", "mixed"):
             plan += specs
         if cfg.pairs in ("step", "mixed"):
-            rng = random.Random(f"{cfg.seed}/step/{i}")
+            rng = random.Random(f"{cfg.plan_seed()}/step/{i}")  # part of the plan, as data_seed fixes it
             by_task = {t.task_id: t for t in experts}
             for j, s in enumerate(specs):
                 e = by_task.get(s.task_id)

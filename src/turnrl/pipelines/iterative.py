@@ -72,11 +72,17 @@ def mark_done(output: str | Path, result: Any = None, seconds: float | None = No
     atomic_write_json(marker_path(output), {"result": result, "seconds": seconds})
 
 
+#: Settings that are free-form dicts (an env's options, compare's ``sppo`` section) rather than
+#: configs: compared whole, so that an option added to or dropped from one is a difference. A key
+#: of a config that only one side knows (a setting another turnrl version added) is not compared.
+FREE_FORM = ("env_opts", "sppo")
+
+
 def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": 1e-5}`` (lists stay whole)."""
+    """``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": 1e-5}`` (lists and :data:`FREE_FORM` dicts stay whole)."""
     flat: dict[str, Any] = {}
     for key, value in settings.items():
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and value and key not in FREE_FORM:
             flat.update(_flat(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -140,7 +146,7 @@ def stage_lock(output: Path, poll: float = 5.0) -> Iterator[None]:
                 pid = int(lock.read_text().strip() or 0)
             except (OSError, ValueError):
                 pid = 0
-            if pid and _alive(pid):
+            if pid and pid != os.getpid() and _alive(pid):  # our own pid: a killed run's, reused
                 time.sleep(poll)
             elif time.time() - _mtime(lock) > 2 * poll:  # stale: its holder died
                 with contextlib.suppress(FileNotFoundError):

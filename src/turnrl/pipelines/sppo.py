@@ -38,7 +38,6 @@ Departures from the paper (Wu et al., 2024):
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -192,7 +191,7 @@ def run_iteration(cfg: SPPOConfig, out: str | Path, i: int, model: str, *,
     stats = run_stage(data, lambda p: build_data(cfg, read_trajectories(it / "samples.jsonl"), it / "scored.jsonl", p),
                       log=log, name=f"iter-{i}/oracle")
     new = run_stage(it / "train", lambda p: train(cfg, model, data, p, i), log=log, name=f"iter-{i}/train")
-    results = run_stage(it / "eval.json", lambda p: evaluate(cfg, new, p, f"{cfg.loss}-iter{i}"), log=log,
+    results = run_stage(it / "eval.json", lambda p: evaluate(cfg, new, p, f"{_method_name(cfg.loss)}-iter{i}"), log=log,
                         name=f"iter-{i}/eval")
     return new, results, {**stats, "sampled": sampled}
 
@@ -208,7 +207,6 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
     if log is None and console is not None:
         def log(msg: str) -> None:
             console.print(f"[dim]sppo[/dim] {msg}")
-    random.seed(cfg.seed)
     start_model, _ = prepare_base(cfg.eto_view(), out, log=log)
     start = run_stage(out / "eval_start.json", lambda p: evaluate(cfg, str(start_model), p, "start"), log=log)
     current = str(start_model)
@@ -245,6 +243,10 @@ def _method_name(loss: str) -> str:
 
 
 _SET_BY_COMPARE = ("out", "model", "env", "seed", "data_seed", "loss")
+#: pipeline settings every method of a comparison shares: the games, the prompt and the evaluation, so
+#: that every row plays the same games (the by-game pairing needs it)
+_SHARED_IN_COMPARE = ("env_opts", "instruction", "history", "invalid_action", "invalid_penalty", "eval_splits",
+                      "eval_episodes", "eval_seed", "eval_temperature")
 
 
 def _validate(data: dict[str, Any]) -> SPPOConfig:
@@ -256,10 +258,14 @@ def _validate(data: dict[str, Any]) -> SPPOConfig:
 
 def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
     """The ``sppo`` section of a compare config: any :class:`SPPOConfig` key but those the
-    comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``); one line for a bad one."""
+    comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``) or shares with
+    every method (the env's options, the prompt, the evaluation: ``pipeline.*``); one line for a bad one."""
     for key in _SET_BY_COMPARE:
         if key in section:
             raise TurnRLError(f"compare config, section sppo: '{key}' is set by the comparison")
+    for key in _SHARED_IN_COMPARE:
+        if key in section:
+            raise TurnRLError(f"compare config, section sppo: '{key}' is shared by every method; set pipeline.{key}")
     _validate(merge(SPPOConfig().model_dump(), section))
     return dict(section)
 
@@ -275,15 +281,10 @@ def compare_method(run: Any, loss: str = "sppo") -> list[dict[str, Any]]:
     for i in range(1, cfg.iterations + 1):
         current, results, stats = run_iteration(cfg, cfg.out, i, current, log=run.log)
         out += [{**r, "method": method, "iteration": i, "loss": loss,
-                 "eta": cfg.train.eta if loss == "sppo" else None, "samples": stats.get("train_samples")}
+                 "eta": cfg.train.eta if loss == "sppo" else None,
+                 "samples": stats.get("train_samples", stats.get("train_pairs"))}
                 for r in results]
     return out
-
-
-def reward_curve(summary: dict[str, Any], split: str) -> list[float]:
-    """Avg reward on ``split`` at iteration 0 (the start) .. N."""
-    rows = [summary["start"]["results"]] + [it["results"] for it in summary["iterations"]]
-    return [next(r["avg_reward"] for r in rs if r["split"] == split) for rs in rows]
 
 
 def report(summary: dict[str, Any]) -> str:
