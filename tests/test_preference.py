@@ -376,3 +376,37 @@ def test_cli_non_finite_loss_stops_with_an_intact_checkpoint(tmp_path: Path, tin
     code, out, _ = run([*cmd, "--resume"], capsys)
     assert code == 0 and "DPO finished: 3 steps" in out
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["steps"] == 3
+
+
+def test_model_fingerprint_reads_past_the_first_bytes_of_a_weight_file(tmp_path: Path) -> None:
+    """A LoRA fine-tune changes tensors past the embeddings, which safetensors stores first: two
+    models that differ only there must not share reference log-probs."""
+    from turnrl.train.preference import model_fingerprint
+
+    weights = bytearray(6 << 20)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "a" / "model.safetensors").write_bytes(bytes(weights))
+    weights[(5 << 20) + 3] = 1  # one byte, deep in the file
+    (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
+    assert model_fingerprint(tmp_path / "a") != model_fingerprint(tmp_path / "b")
+    assert model_fingerprint(tmp_path / "a") == model_fingerprint(tmp_path / "a")
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"win_rate": None}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got None\)"),
+    ({"win_rate": "high"}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got 'high'\)"),
+    ({"win_rate": 0.5, "train_from_turn": -1}, r"scored.jsonl:1: meta.train_from_turn must be an integer >= 0 \(got -1\)"),
+])
+def test_bad_scored_sample_meta_is_a_file_line_error(tiny_dir: Path, tmp_path: Path, meta: dict, message: str) -> None:
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.preference import PreferenceConfig, load_units
+
+    t = _traj("t0", ["4"], 1.0)
+    path = tmp_path / "scored.jsonl"
+    write_jsonl(path, [replace(t, meta={**t.meta, **meta})])
+    with pytest.raises(TurnRLError, match=message):
+        load_units(path, ChatFormat(load_tokenizer(str(tiny_dir))), PreferenceConfig(loss="sppo"))

@@ -80,3 +80,34 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_dir: Path, 
     wb = AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
     assert all(torch.isfinite(v).all() for v in wb.values())
+
+
+def test_resume_accepts_another_save_cadence_and_a_finished_out_is_left_untouched(tiny_dir: Path, demos: Path,
+                                                                                   tmp_path: Path) -> None:
+    """``save_every`` / ``log_every`` do not change what SFT computes, so a resume may change them; a run
+    into a folder that holds a finished run is refused before anything there is rewritten."""
+    from turnrl.errors import TurnRLError
+
+    common = {"max_steps": 2, "lr": 1e-3, "row_tokens": 1024, "batch_size": 8}
+    first = train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(save_every=1, **common))
+    stats = tmp_path / "a" / "data_stats.json"
+    stats.write_text("{}")  # a marker: a refused run must not rewrite it
+    again = train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(save_every=5, log_every=2, **common),
+                      resume=True)
+    assert again.final_loss == pytest.approx(first.final_loss)
+    stats.write_text("{}")
+    with pytest.raises(TurnRLError, match="already holds a run"):
+        train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(**common))
+    assert stats.read_text() == "{}"
+
+
+def test_load_trajectories_names_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    import gzip
+
+    from turnrl.errors import TurnRLError
+    from turnrl.train.sft import load_trajectories
+
+    path = tmp_path / "demos.jsonl"
+    path.write_bytes(gzip.compress(b'{"task_id": "t"}\n' * 50))
+    with pytest.raises(TurnRLError, match=str(path)):
+        load_trajectories(path)

@@ -441,3 +441,16 @@ def test_checkpoints_of_a_tied_head_save_quietly_and_resume_tied(tmp_path: Path,
     assert not f.filter(record("'lm_head.weight'"))
     assert f.filter(record("'lm_head.weight', 'model.norm.weight'"))
     assert f.filter(record("'model.norm.weight'"))
+
+
+def test_bad_adam_betas_and_lora_modules_are_one_line_errors(tmp_path: Path) -> None:
+    """Checked before training: betas outside [0, 1) at config time; LoRA target modules the model
+    does not have when the adapter is made, naming the key."""
+    from turnrl.config import load_config
+    from turnrl.errors import TurnRLError
+
+    with pytest.raises(TurnRLError, match=r"adam_betas.*\[0, 1\)"):
+        load_config(TrainConfig, overrides=["adam_betas=[0.9,1.0]"])
+    cfg = base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, target_modules=["no_such_proj"]))
+    with pytest.raises(TurnRLError, match=r"^lora.target_modules=\['no_such_proj'\]: "):
+        run(tmp_path, cfg)

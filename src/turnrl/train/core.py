@@ -163,6 +163,13 @@ class TrainConfig(Config):
     def _yaml_no(cls, v: Any) -> Any:
         return "no" if v is False else v  # YAML reads a bare ``no`` (``mixed_precision=no``) as false
 
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"each beta must be in [0, 1) (got {list(v)})")
+        return v
+
     @field_validator("momentum")
     @classmethod
     def _momentum_needs_sgd(cls, v: float, info: ValidationInfo) -> float:
@@ -447,17 +454,21 @@ class Trainer:
         if cfg.lora is not None and not _is_peft(model):
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    task_type="CAUSAL_LM",
-                    r=cfg.lora.r,
-                    lora_alpha=cfg.lora.alpha,
-                    lora_dropout=cfg.lora.dropout,
-                    target_modules=cfg.lora.target_modules,
-                    modules_to_save=cfg.lora.modules_to_save,
-                ),
-            )
+            try:
+                model = get_peft_model(
+                    model,
+                    LoraConfig(
+                        task_type="CAUSAL_LM",
+                        r=cfg.lora.r,
+                        lora_alpha=cfg.lora.alpha,
+                        lora_dropout=cfg.lora.dropout,
+                        target_modules=cfg.lora.target_modules,
+                        modules_to_save=cfg.lora.modules_to_save,
+                    ),
+                )
+            except ValueError as e:  # peft's: e.g. no module named by lora.target_modules
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise TurnRLError(f"lora.target_modules={cfg.lora.target_modules!r}: {first}") from None
         if cfg.mixed_precision != "no":  # what trains keeps float32 master weights (a half-precision
             for p in model.parameters():  # base's modules_to_save copies stay half otherwise)
                 if p.requires_grad and p.dtype != torch.float32:
@@ -518,16 +529,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ train
 
+    def check_out(self, resume: bool) -> None:
+        """Refuse an ``out_dir`` that holds a run (a checkpoint or a summary) unless resuming: called by
+        :meth:`train`, and by a trainer before it writes files of its own there."""
+        if not resume and (latest_checkpoint(self.out_dir) is not None or (self.out_dir / SUMMARY).exists()):
+            raise TurnRLError(
+                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
+            )
+
     def train(self, resume: bool = False) -> TrainResult:
         """Train to ``total_steps``; with ``resume``, continue from the newest checkpoint."""
         acc = self.accelerator
         ckpt_root = self.out_dir / CHECKPOINTS
         summary_path = self.out_dir / SUMMARY
+        self.check_out(resume)
         ckpt = latest_checkpoint(self.out_dir)
-        if not resume and (ckpt is not None or summary_path.exists()):
-            raise TurnRLError(
-                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
-            )
         start_step, elapsed0 = 0, 0.0
         state: dict[str, Any] = {}
         if ckpt is not None:
@@ -680,7 +696,7 @@ class Trainer:
         py_state, np_state = random.getstate(), np.random.get_state()
         was_training = model.training
         try:
-            with forked_rng():
+            with forked_rng(), self.accelerator.autocast():  # the precision training's forwards run in
                 model.eval()
                 out = self.eval_fn(model, step) or {}
         finally:
@@ -716,10 +732,7 @@ class Trainer:
         if not path.exists():
             return
         kept = [r for r in self._read_metrics() if int(r.get("step", 0)) <= upto]
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def _tensorboard(self) -> Any:
         if not self.is_main or importlib.util.find_spec("tensorboard") is None:

@@ -44,11 +44,10 @@ from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.losses import chosen_nll, dmpo_loss, dpo_loss, ipo_loss, sppo_loss, turn_logps
 from turnrl.tokenization import ChatFormat, Encoded
-from turnrl.train.core import TrainConfig, Trainer, TrainResult, _make_accelerator
+from turnrl.train.core import TrainConfig, Trainer, TrainResult, _make_accelerator, atomic_write_json
 from turnrl.train.forward import pack, pack_shared, token_logps
 from turnrl.train.sft import file_hash
 
-LOSSES = ("dpo", "ipo", "dmpo", "sppo")
 Loss = Literal["dpo", "ipo", "dmpo", "sppo"]
 
 
@@ -111,8 +110,24 @@ class Unit:
 # ----------------------------------------------------------------------------- data
 
 
-def _train_from(meta: dict[str, Any]) -> int:
-    return int(meta.get("train_from_turn", 0) or 0)
+def _train_from(meta: dict[str, Any], where: str) -> int:
+    """``meta.train_from_turn``: the first agent turn that trains (0 when absent); an integer >= 0."""
+    v = meta.get("train_from_turn", 0)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise TurnRLError(f"{where}: meta.train_from_turn must be an integer >= 0 (got {v!r})")
+    return v
+
+
+def _win_rate(meta: dict[str, Any], where: str) -> float:
+    """``meta.win_rate`` of a scored SPPO sample: a number in [0, 1]."""
+    if "win_rate" not in meta:
+        raise TurnRLError(f"{where}: meta.win_rate missing; write SPPO data with `turnrl pairs --scored`")
+    v = meta["win_rate"]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+        raise TurnRLError(f"{where}: meta.win_rate must be a number in [0, 1] (got {v!r})")
+    return float(v)
 
 
 def _encode(chat: ChatFormat, traj: Trajectory, start: int, max_length: int) -> Encoded | None:
@@ -162,26 +177,26 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
         samples = read_trajectories(p)
         stats["records"] = len(samples)
         for i, t in enumerate(samples):
-            if "win_rate" not in t.meta:
-                raise TurnRLError(f"{p}:{i + 1}: meta.win_rate missing; write SPPO data with `turnrl pairs --scored`")
+            where = f"{p}:{i + 1}"
+            win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where)
             if cfg.history is not None:
-                u = _view_unit(chat, [t], _train_from(t.meta), cfg, float(t.meta["win_rate"]))
+                u = _view_unit(chat, [t], start, cfg, win_rate)
                 if u is None:
                     stats["skipped_too_long"] += 1
                 else:
                     units.append(u)
                 continue
-            enc = _encode(chat, t, _train_from(t.meta), cfg.max_length)
+            enc = _encode(chat, t, start, cfg.max_length)
             if enc is None or enc.num_turns == 0:
                 stats["skipped_too_long"] += 1
                 continue
             stats["dropped_turns"] += enc.dropped_turns
-            units.append(Unit([enc], [enc.num_turns], win_rate=float(t.meta["win_rate"])))
+            units.append(Unit([enc], [enc.num_turns], win_rate=win_rate))
     else:
         pairs: list[Pair] = read_pairs(p)
         stats["records"] = len(pairs)
-        for pair in pairs:
-            start = _train_from(pair.meta)
+        for i, pair in enumerate(pairs):
+            start = _train_from(pair.meta, f"{p}:{i + 1}")
             if cfg.history is not None:
                 u = _view_unit(chat, [pair.chosen, pair.rejected], start, cfg)
                 if u is None:
@@ -290,21 +305,37 @@ class PreferenceObjective:
 # ------------------------------------------------------------------ reference cache
 
 
+#: Bytes read from each of :data:`_FINGERPRINT_CHUNKS` places spread over a weight file
+_FINGERPRINT_BYTES = 1 << 16
+_FINGERPRINT_CHUNKS = 64
+
+
 def model_fingerprint(path: str | Path) -> str:
-    """A cheap fingerprint of a model directory: file names, sizes and the first MiB of each
-    weight file (hashing a 7B checkpoint whole would take longer than the precomputation)."""
+    """A cheap fingerprint of a model directory: file names and sizes, small files whole, and of
+    each weight file 64 KiB at each of 64 places spread from its start to its end (hashing a 7B
+    checkpoint whole would take longer than the precomputation). A file's first bytes alone would
+    not do: safetensors sorts tensors by name, so they hold the embeddings, which a LoRA
+    fine-tune leaves as they were."""
     p = Path(path)
     h = hashlib.sha256()
     if not p.is_dir():
         h.update(str(path).encode())
         return h.hexdigest()[:16]
+    span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
         if not f.is_file() or f.name.startswith("."):
             continue
-        h.update(f"{f.relative_to(p)}:{f.stat().st_size}".encode())
-        if f.suffix in {".safetensors", ".bin", ".json", ".model", ".pt"}:
-            with f.open("rb") as fh:
-                h.update(fh.read(1 << 20))
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(p)}:{size}".encode())
+        if f.suffix not in {".safetensors", ".bin", ".json", ".model", ".pt", ".txt"}:
+            continue
+        with f.open("rb") as fh:
+            if size <= span:
+                h.update(fh.read())
+                continue
+            for k in range(_FINGERPRINT_CHUNKS):
+                fh.seek((size - _FINGERPRINT_BYTES) * k // (_FINGERPRINT_CHUNKS - 1))
+                h.update(fh.read(_FINGERPRINT_BYTES))
     return h.hexdigest()[:16]
 
 
@@ -401,8 +432,6 @@ def train_preference(
     """Tokenize, precompute (or load) reference log-probs, and run the trainer core."""
     from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path, training_dtype
 
-    if cfg.loss not in LOSSES:
-        raise TurnRLError(f"unknown loss {cfg.loss!r}; choose from {', '.join(LOSSES)}")
     if cfg.sft_weight > 0 and cfg.loss == "sppo":
         raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
     tok = load_tokenizer(model_name)
@@ -416,20 +445,23 @@ def train_preference(
 
     ref_name = cfg.ref_model or model_name
     ref_fp = model_fingerprint(resolve_model_path(ref_name))
+    if cfg.ref_model is not None:  # the units are the policy's tokens: its tokenizer is part of the key
+        ref_fp += "/" + _tokenizer_fingerprint(tok)
+    ref: Any = None
     for group, path in ((units, Path(data)), (held_out, Path(eval_data) if eval_data else None)):
         if not group or path is None:
             continue
         cache = ref_cache_path(ref_fp, file_hash(path), cfg)
         if acc.is_main_process and not cache.is_file():
-            ref = model if cfg.ref_model is None else load_model(cfg.ref_model, dtype=dtype)
-            ref.to(acc.device)
+            if ref is None:  # loaded once, for the training and the held-out data alike
+                ref = model if cfg.ref_model is None else load_model(cfg.ref_model, dtype=dtype)
+                ref.to(acc.device)
             with acc.autocast():  # the precision the policy's first step runs in: its loss starts at log 2
                 refs = compute_reference(ref, group, cfg, pad_id)
             _save_atomic(refs, cache)
-            if ref is not model:
-                del ref
         acc.wait_for_everyone()
         attach_reference(group, torch.load(cache, weights_only=True))
+    del ref
 
     eval_fn = None
     if held_out:
@@ -441,10 +473,18 @@ def train_preference(
     out = Path(out)
     trainer = Trainer(model, cfg, out, units, PreferenceObjective(cfg, pad_id), tokenizer=tok, eval_fn=eval_fn,
                       accelerator=acc, run_config=run_config)
+    trainer.check_out(resume)  # before anything is written there
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        if held_out and not (out / "eval_start.json").is_file():
-            start = {f"eval_{k}": v for k, v in pair_metrics(trainer.unwrapped_model, held_out, cfg, pad_id).items()}
-            (out / "eval_start.json").write_text(json.dumps(start, indent=2) + "\n")
-        (out / "data_stats.json").write_text(json.dumps({**stats, "units": len(units)}, indent=2) + "\n")
+        if held_out and not (resume and (out / "eval_start.json").is_file()):  # the start's, kept on resume
+            with acc.autocast():  # as training's forwards and the reference run
+                start = pair_metrics(trainer.unwrapped_model, held_out, cfg, pad_id)
+            atomic_write_json(out / "eval_start.json", {f"eval_{k}": v for k, v in start.items()})
+        atomic_write_json(out / "data_stats.json", {**stats, "units": len(units)})
     return trainer.train(resume=resume)
+
+
+def _tokenizer_fingerprint(tok: Any) -> str:
+    """The vocabulary and chat template of ``tok``."""
+    blob = json.dumps([sorted(tok.get_vocab().items()), getattr(tok, "chat_template", None)], default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -15,7 +15,6 @@ trajectories only (what an expert-data SFT usually wants when the file mixes out
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from turnrl.data.io import read_trajectories
 from turnrl.data.schema import Message, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.tokenization import ChatFormat, Encoded
-from turnrl.train.core import TrainConfig, Trainer, TrainResult
+from turnrl.train.core import TrainConfig, Trainer, TrainResult, atomic_write_json
 from turnrl.train.forward import pack, token_logps
 
 
@@ -51,7 +50,7 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
     p = Path(path)
     if not p.is_file():
         raise TurnRLError(f"{p}: no such file")
-    with p.open() as f:
+    with p.open(errors="replace") as f:  # a sniff: read_trajectories names a file that is not UTF-8
         head = f.read(4096).lstrip()
     if head.startswith("[") or '"conversations"' in head.split("\n", 1)[0]:
         return import_eto(p)
@@ -126,13 +125,14 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
             raise TurnRLError(f"{data}: no trajectory has an agent (assistant) turn to train on")
         raise TurnRLError(f"{data}: every trajectory is longer than max_length={cfg.max_length} at its first turn")
     model = load_model(model_name, dtype=training_dtype(cfg.mixed_precision, cfg.lora is not None))
-    run_config = {"algo": "sft", "model": str(model_name), "data": file_hash(data), "sft": cfg.model_dump(mode="json")}
+    run_config = {"algo": "sft", "model": str(model_name), "data": file_hash(data)}  # cfg itself is hashed too
     out = Path(out)
     trainer = Trainer(
         model, cfg, out, examples, SFTObjective(cfg.row_tokens, tok.pad_token_id or 0),
         tokenizer=tok, eval_fn=eval_fn, run_config=run_config,
     )
+    trainer.check_out(resume)  # before anything is written there
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "data_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+        atomic_write_json(out / "data_stats.json", stats)
     return trainer.train(resume=resume)
