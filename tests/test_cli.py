@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from turnrl.cli import main
+from turnrl.data.io import read_trajectories
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -121,3 +122,17 @@ def test_import_eto(tmp_path: Path, capsys) -> None:
     assert code == 0 and "1 trajectories" in out
     code, stdout, _ = run(["data", "validate", str(tmp_path / "t.jsonl")], capsys)
     assert json.loads(stdout)["trajectories"] == 1
+
+
+def test_eval_seed_makes_sampled_evaluation_reproducible(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    """``--seed`` seeds a model's sampling as well as the episode plan: the same seed plays the same
+    sampled games, another seed others."""
+    def games(seed: int, name: str) -> list[str]:
+        out, trajs = tmp_path / f"{name}.json", tmp_path / f"{name}.jsonl"
+        code, _, err = run(["eval", "--env", "tictactoe", "--policy", str(tiny_dir), "--out", str(out),
+                            "--episodes", "3", "--temperature", "1", "--max-new-tokens", "8", "--seed", str(seed),
+                            "--trajectories", str(trajs)], capsys)
+        assert code == 0, err
+        return [m.content for t in read_trajectories(trajs) for m in t.messages if m.role == "assistant"]
+
+    assert games(5, "a") == games(5, "b") != games(6, "c")

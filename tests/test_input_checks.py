@@ -104,13 +104,13 @@ def test_resume_compares_env_options_as_the_file_reads_them(tmp_path: Path) -> N
         run_policy(ExpertPolicy(), "bandit", episodes=3, env_opts={"arms": 4}, out=out)
     t = first[0]
     t.meta["env_opts"] = {"means": [0.1, 0.9]}
-    _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"means": (0.1, 0.9)})  # a tuple reads back as a list
+    _check_resumable(out, {t.id: t}, [], "bandit", ExpertPolicy(), {"means": (0.1, 0.9)})  # a tuple reads back as a list
     t.meta["env_opts"] = {}
-    _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"arms": 10, "noise": "medium"})  # the defaults
+    _check_resumable(out, {t.id: t}, [], "bandit", ExpertPolicy(), {"arms": 10, "noise": "medium"})  # the defaults
     with pytest.raises(TurnRLError, match=r'other env options \({}; this run: {"arms": 4}\)'):
-        _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"arms": 4})
+        _check_resumable(out, {t.id: t}, [], "bandit", ExpertPolicy(), {"arms": 4})
     del t.meta["env_opts"]  # written before env options were recorded
-    _check_resumable(out, {t.id: t}, [], "bandit", "expert", {"arms": 4})
+    _check_resumable(out, {t.id: t}, [], "bandit", ExpertPolicy(), {"arms": 4})
 
 
 def test_a_model_folder_resumes_under_another_spelling(tmp_path: Path, tiny_dir: Path,

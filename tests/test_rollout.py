@@ -60,6 +60,26 @@ def test_engine_generates_under_its_autocast(tiny_model, tiny_tokenizer) -> None
     assert all(x != y and x == pytest.approx(y, abs=0.2) for x, y in first), first
 
 
+def test_engine_ignores_the_models_own_generation_settings(tiny_model, tiny_tokenizer) -> None:
+    """A hub model's ``generation_config`` (a repetition penalty, n-gram blocking) does not change what
+    the engine samples: greedy stays greedy."""
+    import copy
+
+    chat = ChatFormat(tiny_tokenizer)
+    prompts = [chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=12)
+    plain = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling)
+    saved = copy.deepcopy(tiny_model.generation_config)
+    try:
+        tiny_model.generation_config.repetition_penalty = 5.0
+        tiny_model.generation_config.no_repeat_ngram_size = 1
+        again = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling)
+    finally:
+        tiny_model.generation_config = saved
+    assert [g.token_ids for g in again] == [g.token_ids for g in plain]
+
+
+
 @pytest.mark.parametrize("max_new_tokens", [6, 40])
 def test_rollout_tokenize_round_trip_is_token_exact(tiny_model, tiny_tokenizer, max_new_tokens: int) -> None:
     """The tokens trained on are the tokens sampled, and each turn's context is the prompt
@@ -191,6 +211,29 @@ def test_invalid_action_policies(mode: str) -> None:
         assert t.num_turns == 1 and t.terminated and not t.success and t.return_ == -0.5
 
 
+class ShopBabbler:
+    """Clicks on something the shop's search page does not have (the page lists no actions)."""
+
+    name = "shop-babbler"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        return [Reply("Thought: hmm\nAction: click[nothing]") for _ in requests]
+
+
+@pytest.mark.parametrize("mode", ["random", "error", "end"])
+def test_an_action_the_env_rejects_follows_the_invalid_action_rule(mode: str) -> None:
+    """Where the env lists no actions, its ``info["invalid"]`` gets the same penalty, and under ``end``
+    ends the episode, as a reply the parser rejects."""
+    cfg = PromptConfig(invalid_action=mode, invalid_penalty=-0.5)
+    (t,) = run_policy(ShopBabbler(), "shop", split="train", episodes=1, prompt=cfg)
+    first = t.messages[2]
+    assert first.valid is False and "the env's" in first.note and t.rewards[0] == -0.5
+    if mode == "end":
+        assert t.num_turns == 1 and t.terminated and t.return_ == -0.5
+    else:
+        assert t.num_turns > 1 and t.messages[3].content.startswith("Invalid action 'click[nothing]'")
+
+
 class BanditBabbler:
     """Writes an unknown label on turn 1, else pulls the arm ``turn % 3``."""
 
@@ -239,6 +282,24 @@ def test_collection_resumes_without_redoing_episodes(tmp_path) -> None:
     assert len({t.id for t in again}) == 12
     ref = run_policy(ExpertPolicy(), "tictactoe", episodes=12)
     assert [json.dumps(t.to_dict()) for t in ref] == [json.dumps(t.to_dict()) for t in again]
+
+
+def test_collection_refuses_to_resume_another_split_or_other_sampling(tmp_path, tiny_model, tiny_tokenizer) -> None:
+    """A file of train episodes is not resumed by a run of the seen split (its episodes would end up in
+    SFT data), nor a model's greedy episodes by a run that samples at temperature 1."""
+    from turnrl.errors import TurnRLError
+
+    out = tmp_path / "c.jsonl"
+    run_policy(ExpertPolicy(), "tictactoe", split="train", episodes=2, out=out)
+    with pytest.raises(TurnRLError, match=r"holds episodes of the train split; this run plays seen"):
+        run_policy(ExpertPolicy(), "tictactoe", split="seen", episodes=2, out=out)
+    greedy, _, _ = model_policy(tiny_model, tiny_tokenizer, temperature=0.0, max_new_tokens=4)
+    sampled, _, _ = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=4)
+    (first,) = run_policy(greedy, "tictactoe", episodes=1, out=tmp_path / "m.jsonl")
+    assert first.meta["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 4, "history": None}
+    assert len(run_policy(greedy, "tictactoe", episodes=2, out=tmp_path / "m.jsonl")) == 2  # the same run: resumed
+    with pytest.raises(TurnRLError, match=r"holds episodes sampled with other settings"):
+        run_policy(sampled, "tictactoe", episodes=2, out=tmp_path / "m.jsonl")
 
 
 def test_parser_takes_the_last_valid_action() -> None:

@@ -90,7 +90,7 @@ def run_policy(
         JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
         for t in iter_trajectories(out):
             done[t.id] = t
-        _check_resumable(Path(out), done, specs, env_name, policy.name, env_opts or {})
+        _check_resumable(Path(out), done, specs, env_name, policy, env_opts or {})
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
@@ -129,12 +129,17 @@ def run_policy(
 
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
-                     policy_name: str, env_opts: dict[str, Any]) -> None:
-    """The episodes already in ``out`` must be this run's: same env, env options and policy, and
-    an episode of a planned id must be that plan's (split, task, seed). Anything else is another
-    run's file, which resuming would mix into this one's. Env options are compared with the env's
-    defaults filled in (``opponent=random`` given = left unset); episodes written before env
-    options were recorded pass that check."""
+                     policy: Policy, env_opts: dict[str, Any]) -> None:
+    """The episodes already in ``out`` must be this run's: same env, env options, split, policy and
+    sampling settings, and an episode of a planned id must be that plan's (task, seed). Anything
+    else is another run's file, which resuming would mix into this one's. Env options are compared
+    with the env's defaults filled in (``opponent=random`` given = left unset); episodes written
+    before env options or sampling settings were recorded pass those checks."""
+    from turnrl.rollout.sampler import policy_settings
+
+    policy_name = policy.name
+    sampling = policy_settings(policy).get("sampling")
+    splits = {s.split for s in specs}
     planned = {s.episode_id(env_name): s for s in specs}
     defaults = envs.env_defaults(env_name) if env_name in envs.names() else {}
 
@@ -151,6 +156,13 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
         if not isinstance(recorded, dict) or resolved(recorded) != ours:
             raise TurnRLError(f"{out}: holds episodes played with other env options ({json.dumps(t.meta['env_opts'])}; "
                               f"this run: {json.dumps(env_opts)}); choose another --out or remove it")
+        if splits and t.split not in splits:
+            raise TurnRLError(f"{out}: holds episodes of the {t.split} split; this run plays {', '.join(sorted(splits))}: "
+                              "choose another --out or remove it")
+        theirs_sampling = t.meta.get("sampling")
+        if sampling is not None and theirs_sampling is not None and theirs_sampling != sampling:
+            raise TurnRLError(f"{out}: holds episodes sampled with other settings ({json.dumps(theirs_sampling)}; "
+                              f"this run: {json.dumps(sampling)}); choose another --out or remove it")
         spec = planned.get(t.id)
         if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
                                  or t.meta.get("seed", spec.seed) != spec.seed):

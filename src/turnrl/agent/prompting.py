@@ -28,7 +28,9 @@ class PromptConfig(Config):
     history: int | None = None
     #: what happens when the agent writes no valid action: ``random`` executes a random
     #: valid action (plus ``invalid_penalty``), ``error`` returns an error observation and
-    #: does not step the env, ``end`` ends the episode (plus ``invalid_penalty``)
+    #: does not step the env, ``end`` ends the episode (plus ``invalid_penalty``). Where the env
+    #: lists no actions (a shop's search page) and rejects one itself (``info["invalid"]``), the
+    #: penalty applies too and ``end`` ends the episode; otherwise the env's own observation follows
     invalid_action: Literal["random", "error", "end"] = "random"
     invalid_penalty: float = 0.0
 

@@ -121,11 +121,25 @@ def model_init_tiny(
 
 
 # ------------------------------------------------------------------- collect / eval
-def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None, engine: str = "hf") -> Any:
+def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None, engine: str = "hf",
+            seed: int = 0) -> Any:
     from turnrl.rollout import SamplingConfig, load_policy
 
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-    return load_policy(spec, sampling=sampling, history=history, engine=engine)
+    return load_policy(spec, sampling=sampling, history=history, engine=engine,
+                       engine_opts={"seed": seed} if engine == "vllm" else None)
+
+
+def _sampling_seeded(policy: Any, seed: int) -> Any:
+    """Around a model policy's episodes: torch seeded with ``seed`` (restored after), so that a run
+    with the same ``--seed`` samples the same replies; a scripted policy needs nothing."""
+    import contextlib
+
+    if not hasattr(policy, "engine"):
+        return contextlib.nullcontext()
+    from turnrl.devices import forked_rng
+
+    return forked_rng(seed)
 
 
 EngineOpt = Annotated[str, typer.Option(help="Generation engine for model policies: hf or vllm (GPU).")]
@@ -158,8 +172,8 @@ def collect(
     from turnrl.progress import progress_bar
 
     check_workers(workers, worker_backend)
-    pol = _policy(policy, temperature, max_new_tokens, history, engine)
-    with progress_bar(f"collect {env}/{split}", episodes) as advance:
+    pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
+    with progress_bar(f"collect {env}/{split}", episodes) as advance, _sampling_seeded(pol, seed):
         trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
                            num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers,
                            worker_backend=worker_backend)
@@ -194,10 +208,10 @@ def eval_cmd(
     from turnrl.train.core import atomic_write_json
 
     check_workers(workers, worker_backend)
-    pol = _policy(policy, temperature, max_new_tokens, history, engine)
+    pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
     results, all_trajs = [], []
     for s in split or ["seen"]:
-        with progress_bar(f"eval {env}/{s}", episodes) as advance:
+        with progress_bar(f"eval {env}/{s}", episodes) as advance, _sampling_seeded(pol, seed):
             rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
                                   num_envs=num_envs, seed=seed, progress=advance, policy_label=policy,
                                   workers=workers, worker_backend=worker_backend)

@@ -52,6 +52,14 @@ class Engine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]: ...
 
 
+#: ``generate`` settings a hub model's ``generation_config`` may carry and that would change what is
+#: sampled (or make "greedy" not greedy): set to their neutral values, so that an engine samples exactly
+#: its :class:`SamplingConfig`, as the vLLM engine does
+_NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None,
+                            "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_new_tokens": None,
+                            "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None}
+
+
 class HFEngine:
     """Batched sampling with ``transformers``' ``generate``."""
 
@@ -107,6 +115,7 @@ class HFEngine:
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
             top_k=None,
+            **_NEUTRAL,  # the model's generation_config may set these (repetition_penalty=1.05, ...): not ours
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=self.stop_token_ids,
             pad_token_id=self.pad_id,

@@ -194,8 +194,14 @@ class Sampler:
             obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}."
         else:
             obs, reward, terminated, truncated, info = env.step(executed)
-            if info.get("invalid") and parsed.valid:
+            if info.get("invalid") and parsed.valid:  # an env that lists no actions rejected it: the same rule
                 msg.valid = False
+                penalty = cfg.invalid_penalty
+                if cfg.invalid_action == "end":
+                    terminated, obs = True, "Episode ended: invalid action."
+                    msg.note = f"invalid action {parsed.action!r} (the env's); episode ended"
+                else:  # nothing to play in its stead: the env's own error observation
+                    msg.note = f"invalid action {parsed.action!r} (the env's); returned its observation"
             slot.rewards.append(float(reward) + penalty)
             expected = info.get("expected_reward")
             slot.expected.append(None if expected is None else float(expected) + penalty)
@@ -223,12 +229,22 @@ class Sampler:
             truncated=truncated,
             split=slot.spec.split,
             source=self.source,
-            meta={"policy": self.policy.name, "seed": slot.spec.seed, "index": slot.spec.index,
+            meta={"policy": self.policy.name, **policy_settings(self.policy), "seed": slot.spec.seed,
+                  "index": slot.spec.index,
                   "final_observation": final_obs, **_outcome(info),
                   **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),
                   **({"expected_rewards": list(slot.expected)}
                      if "expected_reward" in info and None not in slot.expected else {})},
         )
+
+
+def policy_settings(policy: Any) -> dict[str, Any]:
+    """What a model policy sampled with (``meta["sampling"]``: temperature, top_p, max_new_tokens,
+    history), so that a resumed collection can tell another run's episodes; nothing for a scripted one."""
+    sampling = getattr(policy, "sampling", None)
+    if sampling is None or not hasattr(sampling, "model_dump"):
+        return {}
+    return {"sampling": {**sampling.model_dump(mode="json"), "history": getattr(policy, "history", None)}}
 
 
 def _outcome(info: dict[str, Any]) -> dict[str, Any]:
