@@ -136,3 +136,16 @@ def test_eval_seed_makes_sampled_evaluation_reproducible(tiny_dir: Path, tmp_pat
         return [m.content for t in read_trajectories(trajs) for m in t.messages if m.role == "assistant"]
 
     assert games(5, "a") == games(5, "b") != games(6, "c")
+
+
+def test_collect_and_eval_play_with_a_pipelines_prompt_rules(tmp_path: Path, capsys) -> None:
+    """``--instruction``, ``--invalid-action`` and ``--invalid-penalty`` reach every episode, so a
+    pipeline's agent is evaluated under its pipeline's rules; a bad value is one line."""
+    out = tmp_path / "c.jsonl"
+    code, _, err = run(["collect", "--env", "tictactoe", "--policy", "random", "--out", str(out), "--episodes", "2",
+                        "--instruction", "Play X.", "--invalid-action", "end", "--invalid-penalty", "-1"], capsys)
+    assert code == 0, err
+    assert all(t.messages[0].content == "Play X." for t in read_trajectories(out))
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", "random", "--out", str(tmp_path / "e.json"),
+                        "--invalid-action", "stop"], capsys)
+    assert "unknown --invalid-action 'stop'" in one_line_error(code, err)

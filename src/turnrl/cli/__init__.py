@@ -42,6 +42,28 @@ MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens a reply may have.
 History = Annotated[int | None, typer.Option(min=0, help="Earlier exchanges kept in the prompt (default: all).")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env-opt", help="Env option key=value (repeatable).")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
+Instruction = Annotated[str | None, typer.Option(
+    help="Replaces the env's instruction (a pipeline's agent acts on its config's `instruction`).")]
+InvalidAction = Annotated[str, typer.Option(
+    help="A reply without a valid action: random (a random valid action is played), error (an error "
+         "observation) or end (the episode ends).")]
+InvalidPenalty = Annotated[float, typer.Option(help="Added to the reward of a turn without a valid action.")]
+
+
+def _prompt(instruction: str | None, invalid_action: str, invalid_penalty: float, history: int | None) -> Any:
+    """The prompt and invalid-action rules of ``turnrl collect`` / ``eval``: a pipeline's agent is
+    played with its pipeline's (``instruction``, ``invalid_action``, ``invalid_penalty``)."""
+    import math
+
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.errors import unknown
+
+    if invalid_action not in ("random", "error", "end"):
+        raise unknown("--invalid-action", invalid_action, ("random", "error", "end"))
+    if not math.isfinite(invalid_penalty):
+        raise TurnRLError(f"--invalid-penalty must be a finite number (got {invalid_penalty})")
+    return PromptConfig.model_validate({"instruction": instruction, "history": history,
+                                        "invalid_action": invalid_action, "invalid_penalty": invalid_penalty})
 
 
 def _env_opts(items: list[str] | None) -> dict[str, Any]:
@@ -165,6 +187,9 @@ def collect(
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
     worker_backend: WorkerBackendOpt = "process",
+    instruction: Instruction = None,
+    invalid_action: InvalidAction = "random",
+    invalid_penalty: InvalidPenalty = 0.0,
 ) -> None:
     """Collect trajectories of a policy."""
     from turnrl.collect import check_workers, run_policy
@@ -172,11 +197,12 @@ def collect(
     from turnrl.progress import progress_bar
 
     check_workers(workers, worker_backend)
+    prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
     with progress_bar(f"collect {env}/{split}", episodes) as advance, _sampling_seeded(pol, seed):
         trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
                            num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers,
-                           worker_backend=worker_backend)
+                           worker_backend=worker_backend, prompt=prompt)
     r = summarize(trajs, policy=policy, env=env, split=split)
     console.print(f"{len(trajs)} episodes in {out}: avg return {r['avg_reward']:.3f}, "
                   f"success {r['success_rate']:.2f}, invalid actions {r['invalid_action_rate']:.2f}")
@@ -199,6 +225,9 @@ def eval_cmd(
     engine: EngineOpt = "hf",
     workers: WorkersOpt = 0,
     worker_backend: WorkerBackendOpt = "process",
+    instruction: Instruction = None,
+    invalid_action: InvalidAction = "random",
+    invalid_penalty: InvalidPenalty = 0.0,
 ) -> None:
     """Evaluate a policy; write {"results": [...]} and print a table."""
     from turnrl.collect import check_workers, evaluate
@@ -208,13 +237,14 @@ def eval_cmd(
     from turnrl.train.core import atomic_write_json
 
     check_workers(workers, worker_backend)
+    prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
     results, all_trajs = [], []
     for s in split or ["seen"]:
         with progress_bar(f"eval {env}/{s}", episodes) as advance, _sampling_seeded(pol, seed):
             rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
                                   num_envs=num_envs, seed=seed, progress=advance, policy_label=policy,
-                                  workers=workers, worker_backend=worker_backend)
+                                  workers=workers, worker_backend=worker_backend, prompt=prompt)
         results.append(rec)
         all_trajs.extend(trajs)
     if trajectories is not None:
