@@ -11,15 +11,18 @@ CONFIG and the key=value overrides are those of the `turnrl compare` command tha
 """
 
 import json
-import sys
+from functools import partial
 from pathlib import Path
 
 from turnrl.config import load_config
-from turnrl.errors import TurnRLError
+from turnrl.errors import TurnRLError, run_script
 from turnrl.pipelines.compare import CompareConfig, final_records, seed_run
 from turnrl.pipelines.eto import evaluate_model
 from turnrl.pipelines.iterative import run_stage
+from turnrl.pipelines.sppo import compare_config
 from turnrl.stats import mean_ci95
+
+USAGE = "greedy_reading.py CONFIG OUT SEED [SEED ...] [key=value ...]"
 
 EVAL_GREEDY = 200  # greedy play of the 200 seen tasks is deterministic: each once
 
@@ -32,31 +35,33 @@ def main(argv: list[str]) -> None:
     overrides = [a for a in argv if "=" in a]
     rest = [a for a in argv if "=" not in a]
     if len(rest) < 3:
-        raise TurnRLError("usage: greedy_reading.py CONFIG OUT SEED [SEED ...] [key=value ...]")
+        raise ValueError("give CONFIG, OUT and at least one SEED")
     config, out, seeds = rest[0], rest[1], rest[2:]
-    try:
-        seed_list = [int(s) for s in seeds]
-    except ValueError:
-        raise TurnRLError(f"SEED: not an integer in {seeds}") from None
+    if not all(s.lstrip("-").isdigit() for s in seeds):
+        raise ValueError(f"SEED: not an integer in {seeds}")
+    seed_list = [int(s) for s in seeds]
     cfg = load_config(CompareConfig, config, overrides + [f"out={out}"])
     sampled = json.loads((Path(out) / "compare.json").read_text())["results"]
     last = {(r["method"], r["seed"]): r["avg_reward"] for r in final_records(sampled) if r["split"] == "seen"}
     rows: dict[str, dict[str, list[float]]] = {"sampled": {"sft": [], "sppo": []}, "greedy": {"sft": [], "sppo": []}}
     for seed in seed_list:
+        if ("sppo", seed) not in last:  # before seed_run, which would train a missing seed's SFT agent
+            raise TurnRLError(f"{out}/compare.json: no SPPO record of seed {seed}; run the compare command for it first")
         run = seed_run(cfg, seed)
         pipe = run.pipe.model_copy(update={"eval_episodes": EVAL_GREEDY, "eval_splits": ["seen"]})
-        sppo = run.dir / "sppo" / f"iter-{cfg.sppo.get('iterations', 3)}" / "train" / "model"
+        sppo_cfg = compare_config(run)  # where the comparison ran SPPO, and for how many iterations
+        sppo = Path(sppo_cfg.out) / f"iter-{sppo_cfg.iterations}" / "train" / "model"
         if not sppo.is_dir():
             raise TurnRLError(f"{sppo}: missing; run the compare command for seed {seed} first")
         for name, model in (("sft", run.sft), ("sppo", str(sppo))):
-            recs = run_stage(run.dir / f"greedy-{name}.json",
-                             lambda p, m=model, n=name: evaluate_model(pipe, m, p, f"greedy-{n}", temperature=0.0))
+            play = partial(evaluate_model, pipe, model, label=f"greedy-{name}", temperature=0.0)
+            recs = run_stage(run.dir / f"greedy-{name}.json", play)
             rows["greedy"][name].append(_avg(recs))
             rows["sampled"][name].append(last[(name, seed)])
     print(f"seeds {seed_list}; sampled: {cfg.pipeline.eval_episodes} games at temperature "
           f"{cfg.pipeline.eval_temperature:g}; greedy: {EVAL_GREEDY} games")
     for reading, r in rows.items():
-        diff = [b - a for a, b in zip(r["sft"], r["sppo"])]
+        diff = [b - a for a, b in zip(r["sft"], r["sppo"], strict=True)]
         (ms, cs), (mp, cp), (md, cd) = mean_ci95(r["sft"]), mean_ci95(r["sppo"]), mean_ci95(diff)
         print(f"{reading:8s} SFT {ms:.3f} [{cs[0]:.3f}, {cs[1]:.3f}]  SPPO {mp:.3f} [{cp[0]:.3f}, {cp[1]:.3f}]  "
               f"paired {md:+.3f} [{cd[0]:+.3f}, {cd[1]:+.3f}]  up {sum(d > 0 for d in diff)} / down "
@@ -66,7 +71,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except TurnRLError as e:
-        sys.exit(f"error: {e}")
+    run_script(main, USAGE)
