@@ -121,8 +121,8 @@ class AgentPipelineConfig(Config):
     num_envs: int = 64
     max_new_tokens: int = 48
 
-    value_ranges = {"history": Range(0), "eval_temperature": Range(0), **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs",
-                                                          "max_new_tokens"), Range(1))}
+    value_ranges = {"history": Range(0), "eval_temperature": Range(0),
+                    **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs", "max_new_tokens"), Range(1))}
 
     def plan_seed(self) -> int:
         """The seed of the train-task plan (``data_seed``, else ``seed``)."""
