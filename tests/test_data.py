@@ -277,6 +277,8 @@ BAD_LINES: list[tuple[str, str, str]] = [
         json.dumps(with_message(4, valid="yes")),
         "'messages[4].valid' must be true, false or null",
     ),
+    ("bad cut", json.dumps(with_message(4, cut=1)), "'messages[4].cut' must be true, false or null (got 1)"),
+    ("cut on user", json.dumps(with_message(1, cut=True)), "messages[1].cut is only allowed on assistant messages"),
     ("rewards not numbers", json.dumps(with_changes(rewards=[0, "1"])), "rewards must be a list of numbers"),
     ("rewards not a list", json.dumps(with_changes(rewards=1.0)), "rewards must be a list of numbers"),
     ("rewards length", json.dumps(with_changes(rewards=[1.0])), "rewards has 1 entries but there are 2"),

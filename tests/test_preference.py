@@ -381,7 +381,7 @@ def test_cli_non_finite_loss_stops_with_an_intact_checkpoint(tmp_path: Path, tin
 def test_model_fingerprint_reads_past_the_first_bytes_of_a_weight_file(tmp_path: Path) -> None:
     """A LoRA fine-tune changes tensors past the embeddings, which safetensors stores first: two
     models that differ only there must not share reference log-probs."""
-    from turnrl.train.preference import model_fingerprint
+    from turnrl.models.loading import model_fingerprint
 
     weights = bytearray(6 << 20)
     for name in ("a", "b"):

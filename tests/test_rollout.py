@@ -302,6 +302,27 @@ def test_collection_refuses_to_resume_another_split_or_other_sampling(tmp_path, 
         run_policy(sampled, "tictactoe", episodes=2, out=tmp_path / "m.jsonl")
 
 
+def test_collection_refuses_to_resume_episodes_of_other_weights(tmp_path, tiny_model, tiny_tokenizer) -> None:
+    """A model retrained into the same folder is another policy: its episodes record the weights'
+    fingerprint, and a resume by a model of another fingerprint is refused."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import model_fingerprint, resolve_model_path
+    from turnrl.rollout import load_policy
+
+    loaded = load_policy("tiny", sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert loaded.fingerprint == model_fingerprint(resolve_model_path("tiny"))
+    first, _, _ = model_policy(tiny_model, tiny_tokenizer, temperature=0.0, max_new_tokens=4)
+    first.fingerprint = "aaaa"
+    (t,) = run_policy(first, "tictactoe", episodes=1, out=tmp_path / "m.jsonl")
+    assert t.meta["model_fingerprint"] == "aaaa"
+    assert len(run_policy(first, "tictactoe", episodes=2, out=tmp_path / "m.jsonl")) == 2  # the same weights
+    retrained, _, _ = model_policy(tiny_model, tiny_tokenizer, temperature=0.0, max_new_tokens=4)
+    retrained.fingerprint = "bbbb"
+    with pytest.raises(TurnRLError, match=r"holds episodes of other weights at 'model' \(model fingerprint aaaa; "
+                                          r"this model: bbbb\)"):
+        run_policy(retrained, "tictactoe", episodes=3, out=tmp_path / "m.jsonl")
+
+
 def test_parser_takes_the_last_valid_action() -> None:
     valid = ["1", "4", "7"]
     assert parse_action("Thought: x\nAction: 4", valid).action == "4"
@@ -330,3 +351,41 @@ def test_action_equals_form_keeps_bracketed_arguments_with_spaces() -> None:
     assert parse_action("Thought: buy.\nACTION=click[Buy Now]", None).action == "click[Buy Now]"
     assert parse_action("ACTION=search[red shoes], done", None).action == "search[red shoes]"
     assert parse_action("ACTION=3.", None).action == "3"
+
+
+def test_sampler_refuses_a_prompt_history_its_policy_does_not_show(tiny_model, tiny_tokenizer) -> None:
+    """The policy builds each turn's context; a PromptConfig.history it does not use would be ignored."""
+    from turnrl import envs
+    from turnrl.errors import TurnRLError
+    from turnrl.rollout import Sampler
+
+    policy, _, _ = model_policy(tiny_model, tiny_tokenizer, temperature=0.0, max_new_tokens=4)
+    with pytest.raises(TurnRLError, match=r"prompt.history=1 but the policy shows the agent history=None"):
+        Sampler(lambda: envs.make("tictactoe"), policy, env_name="tictactoe", prompt=PromptConfig(history=1))
+    policy.history = 1
+    Sampler(lambda: envs.make("tictactoe"), policy, env_name="tictactoe", prompt=PromptConfig(history=1)).close()
+    # a scripted policy has no context of its own to disagree with
+    Sampler(lambda: envs.make("tictactoe"), ExpertPolicy(), env_name="tictactoe", prompt=PromptConfig(history=1)).close()
+
+
+def test_replies_cut_by_max_new_tokens_are_marked(tmp_path, tiny_model, tiny_tokenizer) -> None:
+    """A reply that ends without its end-of-turn token carries cut=True, through the file and into
+    the evaluation record's cut_reply_rate; a finished one carries nothing."""
+    from turnrl.evaluation import summarize
+
+    policy, _, chat = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=3)
+    out = tmp_path / "c.jsonl"
+    run_policy(policy, "tictactoe", episodes=6, out=out)
+    trajs = read_trajectories(out)
+    turns = [m for t in trajs for m in t.messages if m.role == "assistant"]
+    stops = set(chat.stop_token_ids)
+    for m in turns:
+        assert m.token_ids
+        ended = m.token_ids[-1] in stops
+        assert m.cut is (None if ended else True)
+    cut = sum(1 for m in turns if m.cut)
+    assert cut > 0  # three tokens rarely close a turn of the untrained model
+    record = summarize(trajs, policy="p", env="tictactoe", split="train")
+    assert record["cut_reply_rate"] == round(cut / len(turns), 4)
+    assert "cut" not in json.dumps([m.to_dict() for t in run_policy(ExpertPolicy(), "tictactoe", episodes=1)
+                                    for m in t.messages])

@@ -130,15 +130,16 @@ def run_policy(
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
                      policy: Policy, env_opts: dict[str, Any]) -> None:
-    """The episodes already in ``out`` must be this run's: same env, env options, split, policy and
-    sampling settings, and an episode of a planned id must be that plan's (task, seed). Anything
+    """The episodes already in ``out`` must be this run's: same env, env options, split, policy, model
+    weights (their fingerprint) and sampling settings, and an episode of a planned id must be that plan's (task, seed). Anything
     else is another run's file, which resuming would mix into this one's. Env options are compared
     with the env's defaults filled in (``opponent=random`` given = left unset); episodes written
     before env options or sampling settings were recorded pass those checks."""
     from turnrl.rollout.sampler import policy_settings
 
     policy_name = policy.name
-    sampling = policy_settings(policy).get("sampling")
+    settings = policy_settings(policy)
+    sampling, fingerprint = settings.get("sampling"), settings.get("model_fingerprint")
     splits = {s.split for s in specs}
     planned = {s.episode_id(env_name): s for s in specs}
     defaults = envs.env_defaults(env_name) if env_name in envs.names() else {}
@@ -163,6 +164,10 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
         if sampling is not None and theirs_sampling is not None and theirs_sampling != sampling:
             raise TurnRLError(f"{out}: holds episodes sampled with other settings ({json.dumps(theirs_sampling)}; "
                               f"this run: {json.dumps(sampling)}); choose another --out or remove it")
+        theirs_fp = t.meta.get("model_fingerprint")
+        if fingerprint is not None and theirs_fp is not None and theirs_fp != fingerprint:
+            raise TurnRLError(f"{out}: holds episodes of other weights at '{policy_name}' (model fingerprint "
+                              f"{theirs_fp}; this model: {fingerprint}); choose another --out or remove it")
         spec = planned.get(t.id)
         if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
                                  or t.meta.get("seed", spec.seed) != spec.seed):

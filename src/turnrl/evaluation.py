@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from turnrl.data.schema import Trajectory
-from turnrl.rollout.sampler import invalid_rate
+from turnrl.rollout.sampler import cut_rate, invalid_rate
 from turnrl.stats import mean_ci95
 
 
@@ -32,6 +32,7 @@ def summarize(trajectories: Sequence[Trajectory], *, policy: str, env: str, spli
         "success_rate": round(sum(t.success for t in trajectories) / n, 4),
         "avg_turns": round(sum(t.num_turns for t in trajectories) / n, 3),
         "invalid_action_rate": round(invalid_rate(trajectories), 4),
+        "cut_reply_rate": round(cut_rate(trajectories), 4),
         "ci95": [round(lo, 4), round(hi, 4)],
     }
 

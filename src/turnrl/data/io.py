@@ -62,8 +62,8 @@ _TRAJECTORY_KEYS = (
 _TRAJECTORY_REQUIRED = ("id", "env", "task_id", "messages")
 _PAIR_KEYS = ("schema", "task_id", "chosen", "rejected", "meta")
 _PAIR_REQUIRED = ("schema", "task_id", "chosen", "rejected")
-_MESSAGE_KEYS = ("role", "content", "action", "valid", "token_ids", "logprobs", "note")
-_AGENT_ONLY_KEYS = ("action", "valid", "token_ids", "logprobs", "note")
+_MESSAGE_KEYS = ("role", "content", "action", "valid", "token_ids", "logprobs", "note", "cut")
+_AGENT_ONLY_KEYS = ("action", "valid", "token_ids", "logprobs", "note", "cut")
 
 
 # --------------------------------------------------------------------------- validation
@@ -159,9 +159,10 @@ def _message(d: Any, where: str, name: str) -> Message:
                 _fail(where, f"{name}.{key} is only allowed on assistant messages (this one is '{role}')")
     action = _get_opt_str(d, "action", where, name)
     note = _get_opt_str(d, "note", where, name)
-    valid = d.get("valid")
-    if valid is not None and not isinstance(valid, bool):
-        _fail(where, f"'{name}.valid' must be true, false or null (got {_show(valid)})")
+    valid, cut = d.get("valid"), d.get("cut")
+    for key, value in (("valid", valid), ("cut", cut)):
+        if value is not None and not isinstance(value, bool):
+            _fail(where, f"'{name}.{key}' must be true, false or null (got {_show(value)})")
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     if d.get("token_ids") is not None:
@@ -182,6 +183,7 @@ def _message(d: Any, where: str, name: str) -> Message:
         token_ids=token_ids,
         logprobs=logprobs,
         note=note,
+        cut=cut,
     )
 
 

@@ -27,7 +27,9 @@ class Message:
     - ``valid``: whether the written action was valid;
     - ``token_ids`` / ``logprobs``: the sampled tokens (content then end-of-turn) and their
       log-probabilities under the sampling model, so training sees exactly what was sampled;
-    - ``note``: what the invalid-action policy did (e.g. the random action executed).
+    - ``note``: what the invalid-action policy did (e.g. the random action executed);
+    - ``cut``: True when the reply ran into ``max_new_tokens`` before its end-of-turn token
+      (its ``token_ids`` then end without one; training still closes the turn).
     """
 
     role: Role
@@ -37,6 +39,7 @@ class Message:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     note: str | None = None
+    cut: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

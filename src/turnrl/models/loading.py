@@ -7,6 +7,7 @@ model directory.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,40 @@ def _local_dir(text: str) -> Path | None:
     if not (p / "config.json").is_file():
         raise TurnRLError(f"{text}: not a model directory (no config.json)")
     return p
+
+
+#: Bytes read from each of :data:`_FINGERPRINT_CHUNKS` places spread over a weight file
+_FINGERPRINT_BYTES = 1 << 16
+_FINGERPRINT_CHUNKS = 64
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """A cheap fingerprint of a model directory: file names and sizes, small files whole, and of
+    each weight file 64 KiB at each of 64 places spread from its start to its end (hashing a 7B
+    checkpoint whole would take longer than the precomputation). A file's first bytes alone would
+    not do: safetensors sorts tensors by name, so they hold the embeddings, which a LoRA
+    fine-tune leaves as they were."""
+    p = Path(path)
+    h = hashlib.sha256()
+    if not p.is_dir():
+        h.update(str(path).encode())
+        return h.hexdigest()[:16]
+    span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
+    for f in sorted(p.rglob("*")):
+        if not f.is_file() or f.name.startswith("."):
+            continue
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(p)}:{size}".encode())
+        if f.suffix not in {".safetensors", ".bin", ".json", ".model", ".pt", ".txt"}:
+            continue
+        with f.open("rb") as fh:
+            if size <= span:
+                h.update(fh.read())
+                continue
+            for k in range(_FINGERPRINT_CHUNKS):
+                fh.seek((size - _FINGERPRINT_BYTES) * k // (_FINGERPRINT_CHUNKS - 1))
+                h.update(fh.read(_FINGERPRINT_BYTES))
+    return h.hexdigest()[:16]
 
 
 def check_model_name(name: str | Path, key: str = "model") -> None:

@@ -10,9 +10,9 @@ from turnrl.rollout.policies import (
     Request,
     load_policy,
 )
-from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate, plan_episodes
+from turnrl.rollout.sampler import EpisodeSpec, Sampler, cut_rate, invalid_rate, plan_episodes
 
 __all__ = [
     "EpisodeSpec", "ExpertPolicy", "Generation", "HFEngine", "ModelPolicy", "Policy", "RandomPolicy",
-    "Reply", "Request", "Sampler", "SamplingConfig", "invalid_rate", "load_policy", "plan_episodes",
+    "Reply", "Request", "Sampler", "SamplingConfig", "cut_rate", "invalid_rate", "load_policy", "plan_episodes",
 ]

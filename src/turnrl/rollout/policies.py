@@ -79,12 +79,15 @@ class ModelPolicy:
     """A language model: every active episode's prompt goes into one engine call."""
 
     def __init__(self, engine: Engine, chat: ChatFormat, sampling: SamplingConfig, *, history: int | None = None,
-                 name: str = "model"):
+                 name: str = "model", fingerprint: str | None = None):
         self.engine = engine
         self.chat = chat
         self.sampling = sampling
         self.history = history
         self.name = name
+        #: the model's :func:`~turnrl.models.loading.model_fingerprint` (episodes record it, so that a
+        #: resumed collection can tell a retrained model saved at the same path); None: unknown
+        self.fingerprint = fingerprint
 
     def prompts(self, requests: Sequence[Request]) -> list[list[int]]:
         out = []
@@ -122,7 +125,7 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         return scripted
     _check_not_a_typo(spec)
     from turnrl.devices import default_device
-    from turnrl.models.loading import load_model, load_tokenizer, resolve_model_path
+    from turnrl.models.loading import load_model, load_tokenizer, model_fingerprint, resolve_model_path
     from turnrl.rollout.engine import HFEngine
     from turnrl.rollout.vllm_engine import ENGINES, VLLMEngine, import_vllm
 
@@ -132,16 +135,19 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         raise unknown("engine", engine, ENGINES)
     if engine == "vllm":
         import_vllm()  # a missing install fails before anything loads
-        path = resolve_model_path(spec)
+    path = resolve_model_path(spec)
+    fingerprint = model_fingerprint(path)
+    if engine == "vllm":
         tok = load_tokenizer(spec)
         chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
-        return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec)
+        return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec,
+                           fingerprint=fingerprint)
     tok = load_tokenizer(spec)
     model = load_model(spec, device=default_device(device))
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
-    return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec)
+    return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec, fingerprint=fingerprint)
 
 
 def _check_not_a_typo(spec: str) -> None:

@@ -29,6 +29,7 @@ from turnrl.agent.parsing import parse_action
 from turnrl.agent.prompting import PromptConfig, system_message
 from turnrl.data.schema import Message, Trajectory
 from turnrl.envs.base import TextEnv
+from turnrl.errors import TurnRLError
 from turnrl.rollout.policies import ExpertPolicy, Policy, Request
 
 
@@ -89,6 +90,12 @@ class Sampler:
         self.num_envs = max(1, num_envs)
         self.prompt = prompt or PromptConfig()
         self.source = source
+        # the policy builds each turn's context (ModelPolicy.history); a prompt that asks for another
+        # history than the policy's would be silently ignored, so it is refused
+        seen = getattr(policy, "history", self.prompt.history)
+        if self.prompt.history is not None and seen != self.prompt.history:
+            raise TurnRLError(f"prompt.history={self.prompt.history} but the policy shows the agent history={seen}; "
+                              f"build it with load_policy(..., history={self.prompt.history})")
         self._envs: list[TextEnv] = []
 
     def close(self) -> None:
@@ -162,7 +169,8 @@ class Sampler:
         valid_actions = slot.info.get("valid_actions")
         parsed = parse_action(reply.content, valid_actions)
         msg = Message("assistant", reply.content, action=parsed.action, valid=parsed.valid,
-                      token_ids=reply.token_ids, logprobs=reply.logprobs)
+                      token_ids=reply.token_ids, logprobs=reply.logprobs,
+                      cut=True if reply.meta.get("finished") is False else None)
         penalty = 0.0
         executed: str | None = parsed.action
         if not parsed.valid:
@@ -240,11 +248,14 @@ class Sampler:
 
 def policy_settings(policy: Any) -> dict[str, Any]:
     """What a model policy sampled with (``meta["sampling"]``: temperature, top_p, max_new_tokens,
-    history), so that a resumed collection can tell another run's episodes; nothing for a scripted one."""
+    history) and, where known, its weights' fingerprint (``meta["model_fingerprint"]``), so that a
+    resumed collection can tell another run's episodes; nothing for a scripted one."""
     sampling = getattr(policy, "sampling", None)
     if sampling is None or not hasattr(sampling, "model_dump"):
         return {}
-    return {"sampling": {**sampling.model_dump(mode="json"), "history": getattr(policy, "history", None)}}
+    fingerprint = getattr(policy, "fingerprint", None)
+    return {"sampling": {**sampling.model_dump(mode="json"), "history": getattr(policy, "history", None)},
+            **({"model_fingerprint": fingerprint} if fingerprint else {})}
 
 
 def _outcome(info: dict[str, Any]) -> dict[str, Any]:
@@ -254,3 +265,9 @@ def _outcome(info: dict[str, Any]) -> dict[str, Any]:
 def invalid_rate(trajectories: Sequence[Trajectory]) -> float:
     turns = [m for t in trajectories for m in t.messages if m.role == "assistant"]
     return sum(1 for m in turns if m.valid is False) / max(1, len(turns))
+
+
+def cut_rate(trajectories: Sequence[Trajectory]) -> float:
+    """The share of agent turns that ran into ``max_new_tokens`` (``Message.cut``)."""
+    turns = [m for t in trajectories for m in t.messages if m.role == "assistant"]
+    return sum(1 for m in turns if m.cut) / max(1, len(turns))
