@@ -65,8 +65,10 @@ __all__ = [
     "explore",
     "prepare_base",
     "rft",
+    "rollout_stats",
     "run_iteration",
     "run_pipeline",
+    "train_iteration",
 ]
 
 
@@ -246,7 +248,7 @@ def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tup
         base = run_stage(out / "tiny", tiny, log=log)
     expert = out / "expert.jsonl"
     specs = _train_specs(cfg)
-    run_stage(expert, lambda p: _stats(_play(ExpertPolicy(), cfg, specs, p)), log=log)
+    run_stage(expert, lambda p: rollout_stats(_play(ExpertPolicy(), cfg, specs, p)), log=log)
     if cfg.model is not None:
         return cfg.model, expert
 
@@ -259,7 +261,8 @@ def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tup
     return run_stage(out / "sft", sft, log=log), expert
 
 
-def _stats(trajs: list[Trajectory]) -> dict[str, Any]:
+def rollout_stats(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Episodes, mean return and success rate of a stage's rollouts (its ``.done.json`` stats)."""
     n = max(1, len(trajs))
     return {"episodes": len(trajs), "avg_return": sum(t.return_ for t in trajs) / n,
             "success": sum(t.success for t in trajs) / n}
@@ -283,7 +286,7 @@ def explore(cfg: EtoConfig, model: str, out: Path, i: int, experts: list[Traject
                 e = by_task.get(s.task_id)
                 if e is not None and e.num_turns > 1:
                     plan.append(EpisodeSpec(len(specs) + j, s.split, s.task_id, s.seed, rng.randrange(1, e.num_turns)))
-    return _stats(_play(policy, cfg, plan, out))
+    return rollout_stats(_play(policy, cfg, plan, out))
 
 
 def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path) -> dict[str, Any]:
@@ -308,12 +311,19 @@ def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajec
 
 def train_pairs(cfg: EtoConfig, model: str, pairs: Path, out: Path, i: int) -> str:
     """Preference training from ``model`` (also the reference) -> ``out``; returns the model dir."""
+    return train_iteration(cfg, cfg.loss, model, pairs, out, i)
+
+
+def train_iteration(cfg: Any, loss: str, model: str, data: Path, out: Path, i: int) -> str:
+    """Iteration ``i``'s preference training of a pipeline (``cfg`` has ``train``, ``seed`` and
+    ``history``) with ``loss``, from ``model``, which is also the reference -> ``out``; returns the
+    model dir. ETO, DMPO and SPPO all train through this one function."""
     from turnrl.train.preference import train_preference
 
     # the agent's view when it acted (history window) is what the log-probs are taken over
-    tcfg = cfg.train.model_copy(update={"loss": cfg.loss, "seed": cfg.seed * 1000 + i, "ref_model": None,
+    tcfg = cfg.train.model_copy(update={"loss": loss, "seed": cfg.seed * 1000 + i, "ref_model": None,
                                         "history": cfg.history})
-    return str(train_preference(model, pairs, out, tcfg, resume=True).model_dir)
+    return str(train_preference(model, data, out, tcfg, resume=True).model_dir)
 
 
 def evaluate_model(cfg: EtoConfig, model: str, out: Path, label: str, *, n: int = 1,

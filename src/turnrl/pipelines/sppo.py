@@ -103,7 +103,7 @@ class SPPOConfig(AgentPipelineConfig):
 def sample(cfg: SPPOConfig, model: str, out: Path, i: int) -> dict[str, Any]:
     """K samples of each of the first ``train_tasks`` train tasks from ``model`` -> ``out``."""
     from turnrl import envs
-    from turnrl.pipelines.eto import _play, _policy, _repeat, _seed_torch
+    from turnrl.pipelines.eto import _play, _policy, _repeat, _seed_torch, rollout_stats
     from turnrl.rollout.sampler import plan_episodes
 
     eto = cfg.eto_view()
@@ -113,10 +113,7 @@ def sample(cfg: SPPOConfig, model: str, out: Path, i: int) -> dict[str, Any]:
         tasks = plan_episodes(env, "train", cfg.train_tasks, cfg.plan_seed())
     finally:
         env.close()
-    trajs = _play(_policy(model, eto, cfg.temperature), eto, _repeat(tasks, cfg.samples_per_task), out)
-    n = max(1, len(trajs))
-    return {"episodes": len(trajs), "avg_return": sum(t.return_ for t in trajs) / n,
-            "success": sum(t.success for t in trajs) / n}
+    return rollout_stats(_play(_policy(model, eto, cfg.temperature), eto, _repeat(tasks, cfg.samples_per_task), out))
 
 
 def build_data(cfg: SPPOConfig, samples: list[Trajectory], scored_out: Path, data_out: Path) -> dict[str, Any]:
@@ -165,12 +162,9 @@ def _restore(t: Trajectory) -> Trajectory:
 
 def train(cfg: SPPOConfig, model: str, data: Path, out: Path, i: int) -> str:
     """SPPO (or DPO) from ``model``, which is also the reference (pi_t) -> ``out``."""
-    from turnrl.train.preference import train_preference
+    from turnrl.pipelines.eto import train_iteration
 
-    loss = "sppo" if cfg.loss == "sppo" else "dpo"
-    tcfg = cfg.train.model_copy(update={"loss": loss, "seed": cfg.seed * 1000 + i, "ref_model": None,
-                                        "history": cfg.history})
-    return str(train_preference(model, data, out, tcfg, resume=True).model_dir)
+    return train_iteration(cfg, "sppo" if cfg.loss == "sppo" else "dpo", model, data, out, i)
 
 
 def evaluate(cfg: SPPOConfig, model: str, out: Path, label: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ order, so the same random draws).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
@@ -44,6 +44,15 @@ class Generation:
     logprobs: list[float]
     #: False when ``max_new_tokens`` ran out before a stop token
     finished: bool
+
+
+def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_token_ids: Iterable[int]) -> Generation:
+    """A sample up to and including its first stop token (``finished``), or whole when it has none."""
+    stops = set(stop_token_ids)
+    for j, t in enumerate(token_ids):
+        if t in stops:
+            return Generation(list(token_ids[: j + 1]), list(logprobs[: j + 1]), True)
+    return Generation(list(token_ids), list(logprobs), False)
 
 
 class Engine(Protocol):
@@ -128,17 +137,7 @@ class HFEngine:
         new = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float()  # [B, new, V], raw (temperature 1)
         logps = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
-        stops = set(self.stop_token_ids)
-        results = []
-        for i in range(len(prompts)):
-            row = new[i].tolist()
-            n, finished = len(row), False
-            for j, t in enumerate(row):
-                if t in stops:
-                    n, finished = j + 1, True
-                    break
-            results.append(Generation(row[:n], logps[i, :n].tolist(), finished))
-        return results
+        return [cut_at_stop(new[i].tolist(), logps[i].tolist(), self.stop_token_ids) for i in range(len(prompts))]
 
     def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs

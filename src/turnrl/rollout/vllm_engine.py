@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.errors import TurnRLError
-from turnrl.rollout.engine import Generation, SamplingConfig
+from turnrl.rollout.engine import Generation, SamplingConfig, cut_at_stop
 
 ENGINES = ("hf", "vllm")
 
@@ -103,11 +103,7 @@ def to_generation(output: Any, stop_token_ids: Iterable[int]) -> Generation:
             logps.append(_logprob_value(entry))
     if len(logps) != len(ids):
         raise TurnRLError(f"vLLM returned {len(logps)} log-probs for {len(ids)} tokens")
-    stops = set(stop_token_ids)
-    for j, t in enumerate(ids):
-        if t in stops:
-            return Generation(ids[: j + 1], logps[: j + 1], True)
-    return Generation(ids, logps, False)
+    return cut_at_stop(ids, logps, stop_token_ids)
 
 
 class VLLMEngine:
