@@ -625,3 +625,31 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     plain = [r for r in recs if r["method"] in ("sft", "rft")]
     assert plot_all(cfg, plain, aggregate(plain), tmp_path) == ["reward_by_method.png"]
     assert not (tmp_path / "dmpo_gamma.png").exists() and not (tmp_path / "loser_length.png").exists()
+
+
+@pytest.mark.parametrize("turns", ["random", "all"])
+def test_step_plan_replays_the_experts_prefix_for_one_or_every_turn(turns: str) -> None:
+    """Step-wise exploration: one random t in 1..T-1 a task, or every one; indices after the
+    trajectory episodes', distinct, and the same plan on every call (a resume replays it)."""
+    from turnrl.collect import run_policy
+    from turnrl.pipelines.eto import EtoConfig, _train_specs, step_plan
+    from turnrl.rollout import ExpertPolicy
+
+    cfg = EtoConfig(expert_episodes=12, pairs="step", step_turns=turns).check()
+    specs = _train_specs(cfg)
+    experts = run_policy(ExpertPolicy(), cfg.env, specs=specs, env_opts=cfg.env_opts)
+    plan = step_plan(cfg, specs, experts, 1)
+    assert plan == step_plan(cfg, specs, experts, 1)
+    assert len({s.index for s in plan}) == len(plan) and min(s.index for s in plan) >= len(specs)
+    turns_of: dict[str, list[int]] = {}
+    for s in plan:
+        turns_of.setdefault(s.task_id, []).append(s.expert_turns)
+    for e in experts:
+        got = turns_of.get(e.task_id, [])
+        if turns == "all":
+            assert got == list(range(1, e.num_turns))
+        else:
+            assert len(got) == (e.num_turns > 1) and all(1 <= t < e.num_turns for t in got)
+    if turns == "random":  # the plan of runs made before step_turns: task j's episode is len(specs) + j
+        index_of = {s.task_id: s.index for s in specs}
+        assert all(s.index == len(specs) + index_of[s.task_id] for s in plan)

@@ -31,7 +31,8 @@ Departures from the papers:
   paper). RFT continues training the current agent on the expert demos plus the successful
   explored trajectories (``rft_init: current``), or retrains the base model (``base``, the
   paper's choice) on them.
-* Step-wise exploration plays one random step ``t`` a task, not every step.
+* Step-wise exploration plays one random step ``t`` a task by default; ``step_turns=all`` plays
+  every step (DESIGN 3 does not say which).
 * Self-play starts from ``model`` (or the SFT agent): the tiny model from scratch writes no
   valid action, so self-play from the raw base model would learn from random play only.
 """
@@ -66,6 +67,7 @@ __all__ = [
     "prepare_base",
     "rft",
     "rollout_stats",
+    "step_plan",
     "run_iteration",
     "run_pipeline",
     "train_iteration",
@@ -161,6 +163,9 @@ class EtoConfig(AgentPipelineConfig):
     explore_temperature: float = 0.0
     """0 = greedy (ETO explores greedily)."""
     pairs: Literal["trajectory", "step", "mixed"] = "trajectory"
+    step_turns: Literal["random", "all"] = "random"
+    """Step-wise exploration: one random turn ``t`` a task (``random``), or every turn ``t`` from 1 to
+    the expert's last (``all``: a task's expert game of T turns gives T - 1 episodes)."""
     losers: Literal["clean", "noisy"] = "noisy"
     truncate_k: int | None = None
     """Cut losers to the winner's number of turns plus this (None: keep whole)."""
@@ -280,13 +285,28 @@ def explore(cfg: EtoConfig, model: str, out: Path, i: int, experts: list[Traject
         if cfg.pairs in ("trajectory", "mixed"):
             plan += specs
         if cfg.pairs in ("step", "mixed"):
-            rng = random.Random(f"{cfg.plan_seed()}/step/{i}")  # part of the plan, as data_seed fixes it
-            by_task = {t.task_id: t for t in experts}
-            for j, s in enumerate(specs):
-                e = by_task.get(s.task_id)
-                if e is not None and e.num_turns > 1:
-                    plan.append(EpisodeSpec(len(specs) + j, s.split, s.task_id, s.seed, rng.randrange(1, e.num_turns)))
+            plan += step_plan(cfg, specs, experts, i)
     return rollout_stats(_play(policy, cfg, plan, out))
+
+
+def step_plan(cfg: EtoConfig, specs: list[EpisodeSpec], experts: list[Trajectory], i: int) -> list[EpisodeSpec]:
+    """Iteration ``i``'s step-wise episodes: each task replays its expert game's first ``t`` turns
+    and the agent plays on (``EpisodeSpec.expert_turns = t``), for one random ``t`` in 1..T-1 or,
+    with ``step_turns=all``, for every one. Indices follow the trajectory episodes' (0..len(specs)-1):
+    task j's one random episode is len(specs) + j (as in runs made before ``step_turns``)."""
+    rng = random.Random(f"{cfg.plan_seed()}/step/{i}")  # part of the plan, as data_seed fixes it
+    by_task = {t.task_id: t for t in experts}
+    plan: list[EpisodeSpec] = []
+    for j, s in enumerate(specs):
+        e = by_task.get(s.task_id)
+        if e is None or e.num_turns <= 1:
+            continue
+        if cfg.step_turns == "random":
+            plan.append(EpisodeSpec(len(specs) + j, s.split, s.task_id, s.seed, rng.randrange(1, e.num_turns)))
+        else:
+            for t in range(1, e.num_turns):
+                plan.append(EpisodeSpec(len(specs) + len(plan), s.split, s.task_id, s.seed, t))
+    return plan
 
 
 def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path) -> dict[str, Any]:
