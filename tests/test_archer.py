@@ -108,6 +108,24 @@ def test_transitions_of_an_episode() -> None:
     assert transitions(traj, history=None)[-1]["done"] == 0.0
 
 
+@pytest.mark.parametrize("history", [0, 1])
+def test_the_last_next_state_is_rendered_like_every_state_with_a_short_history(history: int) -> None:
+    """A truncated episode bootstraps from V(s') of its last transition: that s' must be the view
+    the agent would have before a next turn (the last ``history`` exchanges and the final
+    observation), as every ``s`` is, not the last view with one more exchange appended."""
+    msgs = [Message("system", "sys"), Message("user", "o0"), Message("assistant", "a0"),
+            Message("user", "o1"), Message("assistant", "a1")]
+    traj = Trajectory(id="e", env="x", task_id="t", messages=msgs, rewards=[0.0, 0.0], return_=0.0,
+                      terminated=False, truncated=True, meta={"final_observation": "o2"})
+    longer = Trajectory(id="f", env="x", task_id="t", messages=[*msgs, Message("user", "o2"),
+                                                                   Message("assistant", "a2")],
+                        rewards=[0.0, 0.0, 0.0], return_=0.0, terminated=True)
+    tr = transitions(traj, history=history)
+    assert tr[-1]["done"] == 0.0
+    assert tr[-1]["s2"] == transitions(longer, history=history)[2]["s"]
+    assert tr[-1]["s2"] == {0: "system: sys\nuser: o2", 1: "system: sys\nuser: o1\nassistant: a1\nuser: o2"}[history]
+
+
 def test_replay_buffer_is_fifo_and_round_trips(tmp_path: Path) -> None:
     buf = ReplayBuffer(3)
     buf.add([{"i": i} for i in range(5)])
@@ -166,6 +184,44 @@ def test_bad_config_is_one_line(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "turnrl", "train", "chai", "--model", "tiny", "--env", "tictactoe",
                         "--out", str(tmp_path / "y"), "tau=2"], env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "tau" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("actor.max_steps=3", "actor.max_steps"), ("actor.seed=3", "actor.seed"),
+    ("critic.save_every=2", "critic.save_every"), ("actor.epochs=2", "actor.epochs"),
+    ("critic.mixed_precision=bf16", "critic.mixed_precision"), ("critic.lora.r=4", "critic.lora"),
+    ("critic.gradient_checkpointing=true", "critic.gradient_checkpointing"),
+])
+def test_trainer_settings_the_loop_ignores_or_cannot_do_are_one_line_errors(setting: str, named: str,
+                                                                             tmp_path: Path, capsys) -> None:
+    """``actor.max_steps`` etc. were silently overridden by the loop; ``critic.lora`` and
+    ``critic.gradient_checkpointing`` ended in an AttributeError traceback."""
+    from turnrl.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "archer", "--model", "tiny", "--env", "tictactoe", "--out", str(tmp_path / "o"), setting])
+    assert exc.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and named in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Path) -> None:
+    """``save_every`` and ``keep_checkpoints`` may differ on resume (as for the trainer core's runs,
+    docs/training.md); any other setting may not."""
+    import shutil
+
+    torch.set_num_threads(1)
+    cfg = _overrides([*ENV_ARGS, "iterations=2", "warmup_iterations=1", "actor_steps=1"])
+    out = tmp_path / "run"
+    train_online("archer", str(tiny_dir), "tictactoe", out, cfg)
+    (out / "summary.json").unlink()  # as if killed after the first iteration's checkpoint
+    shutil.rmtree(out / "checkpoints" / "iter-000002")
+    with pytest.raises(Exception, match="config changed"):
+        train_online("archer", str(tiny_dir), "tictactoe", out, cfg.model_copy(update={"gamma": 0.9}), resume=True)
+    done = train_online("archer", str(tiny_dir), "tictactoe", out,
+                        cfg.model_copy(update={"save_every": 2, "keep_checkpoints": 3}), resume=True)
+    assert done["iterations"] == 2
 
 
 def _cmd(tiny_dir: Path, out: Path, *extra: str) -> list[str]:

@@ -810,3 +810,54 @@ def test_ppo_lora_gae_keeps_the_value_head_beside_the_merged_model(tiny_dir: Pat
     model_dir = tmp_path / "o" / "model"
     assert not any("value_head" in k or "lora" in k for k in load_file(str(model_dir / "model.safetensors")))
     assert set(load_file(str(model_dir / "value_head.safetensors"))) == {"weight", "bias"}
+
+
+def test_ppo_rollouts_stop_at_the_generation_configs_end_ids_as_evaluation_does(tiny_dir: Path, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """The tiny model's generation config ends a reply at ``<|endoftext|>`` too (not only the
+    tokenizer's ``<|im_end|>``): ``turnrl eval`` and ArCHer stop there, so PPO's rollouts must."""
+    from transformers import AutoTokenizer
+
+    from turnrl.rollout.policies import load_policy
+    from turnrl.train import ppo
+
+    seen: dict[str, Any] = {}
+
+    def stop(self: Any, resume: bool = False) -> Any:
+        seen["stops"] = list(self.before_step.__self__.chat.stop_token_ids)
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(ppo.Trainer, "train", stop)
+    with pytest.raises(RuntimeError, match="stop before training"):
+        train_ppo(str(tiny_dir), "bandit", tmp_path / "o", bandit_cfg(iterations=1))
+    end = AutoTokenizer.from_pretrained(tiny_dir).convert_tokens_to_ids("<|endoftext|>")
+    assert end in seen["stops"]
+    assert set(seen["stops"]) == set(load_policy(str(tiny_dir)).chat.stop_token_ids)
+
+
+def test_ppo_eval_every_without_eval_episodes_is_a_one_line_error(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    """Evaluation needs both settings; one alone used to be silently ignored (no eval/ rows)."""
+    from turnrl.cli import main
+
+    small = ["iterations=1", "episodes_per_iter=2", "num_envs=2", "max_new_tokens=4", "minibatches=1", "batch_size=2",
+             "--env-opt", "arms=3", "--env-opt", "horizon=2"]
+    for setting in ("eval_every=1", "eval_episodes=2"):
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "ppo", "--model", str(tiny_dir), "--env", "bandit", "--out", str(tmp_path / setting),
+                  setting, *small])
+        assert exc.value.code != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "eval_every" in err and "eval_episodes" in err, err
+        assert not (tmp_path / setting / "summary.json").exists()
+
+
+def test_ppo_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Path) -> None:
+    """As every trainer-core run (docs/training.md): ``save_every`` and ``keep_checkpoints`` are not
+    part of the config a resume must repeat (they were hashed through the run config)."""
+    cfg = bandit_cfg(iterations=1, save_every=4)
+    first = train_ppo(str(tiny_dir), "bandit", tmp_path / "run", cfg)
+    again = train_ppo(str(tiny_dir), "bandit", tmp_path / "run",
+                      cfg.model_copy(update={"save_every": 0, "keep_checkpoints": 3}), resume=True)
+    assert again.steps == first.steps and again.final_loss == pytest.approx(first.final_loss)
+    with pytest.raises(TurnRLError, match="config changed"):
+        train_ppo(str(tiny_dir), "bandit", tmp_path / "run", cfg.model_copy(update={"lr": 2e-3}), resume=True)

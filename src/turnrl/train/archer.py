@@ -172,6 +172,35 @@ class OnlineConfig(Config):
                     **dict.fromkeys(("gamma", "tau"), Range(0, 1)), "bc_top": Range(0, 1, lo_open=True)}
 
 
+#: trainer-core settings of ``actor.``/``critic.`` that the online loop sets itself, each with the
+#: setting that rules it instead (set there they would be ignored)
+LOOP_OWNED = {"seed": "seed", "epochs": "iterations", "max_steps": "iterations", "save_every": "save_every",
+              "keep_checkpoints": "keep_checkpoints", "eval_every": "eval_every",
+              "log_every": "iterations (one metrics line each)"}
+
+
+def check_online_config(cfg: OnlineConfig) -> None:
+    """Refuse, in one line naming the key, what the online loop would ignore or cannot do: a loop-owned
+    trainer setting under ``actor.``/``critic.`` (:data:`LOOP_OWNED`), a critic precision other than the
+    actor's (one accelerator), LoRA or gradient checkpointing on the critic (a plain module)."""
+    for part in ("actor", "critic"):
+        sub = getattr(cfg, part)
+        default = type(sub)()
+        for key, instead in LOOP_OWNED.items():
+            if getattr(sub, key) != getattr(default, key):
+                raise TurnRLError(f"{part}.{key}={getattr(sub, key)!r} is not used by the online loop; "
+                                  f"set {instead} instead")
+    mp = cfg.critic.mixed_precision
+    if mp != type(cfg.critic)().mixed_precision and mp != cfg.actor.mixed_precision:
+        raise TurnRLError(f"critic.mixed_precision={mp!r}: actor and critic share one accelerator; "
+                          "set actor.mixed_precision instead")
+    if cfg.critic.lora is not None:
+        raise TurnRLError("critic.lora: the critic trains in full; LoRA is for the actor (actor.lora.*)")
+    if cfg.critic.gradient_checkpointing:
+        raise TurnRLError("critic.gradient_checkpointing: not supported by the critic (actor.gradient_checkpointing "
+                          "is)")
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -205,9 +234,9 @@ def transitions(traj: Trajectory, history: int | None, system: bool = True) -> l
         if t + 1 < n:
             nxt = state_text(views[t + 1], system)
             done = 0.0
-        else:
+        else:  # the view a turn after the last would have, as every other state is rendered
             final = Message("user", str(traj.meta.get("final_observation", "")))
-            nxt = state_text([*views[t], asst[t], final], system)
+            nxt = state_text(agent_view([*traj.messages, final], n, history)[0], system)
             done = 1.0 if traj.terminated else 0.0
         out.append({"view": _plain(views[t]), "s": state_text(views[t], system), "a": asst[t].content,
                     "r": float(traj.rewards[t]), "s2": nxt, "done": done, "episode": traj.id, "turn": t})
@@ -434,6 +463,7 @@ class OnlineRun:
 
         if algo not in ("archer", "chai", "filtered_bc"):
             raise TurnRLError(f"unknown online algorithm {algo!r}")
+        check_online_config(cfg)
         self.algo: Algo = algo
         self.cfg = cfg
         self.out = Path(out)
@@ -457,9 +487,12 @@ class OnlineRun:
         self.accelerator = _make_accelerator(mp)
         if self.accelerator.num_processes > 1:
             raise TurnRLError("the online loop runs in one process; launch it without accelerate's multi-process")
-        self.run_config = {"algo": algo, "model": self.model_name, "env": env_name,
-                           "online": cfg.model_dump(mode="json")}
-        self.config_hash = config_hash(cfg.actor, self.run_config)
+        online = cfg.model_dump(mode="json")
+        self.run_config = {"algo": algo, "model": self.model_name, "env": env_name, "online": online}
+        # a resume may change when it checkpoints (as the trainer core's, docs/training.md)
+        cadence = ("save_every", "keep_checkpoints")
+        self.config_hash = config_hash(cfg.actor, {**self.run_config, "online": {
+            k: v for k, v in online.items() if k not in cadence}})
         self.rng = np.random.default_rng([cfg.seed, 7])
         uses_critic = algo in ("archer", "chai")
         uses_actor_trainer = algo in ("archer", "filtered_bc")

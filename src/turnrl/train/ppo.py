@@ -111,10 +111,10 @@ from turnrl.losses import (
     value_loss,
 )
 from turnrl.rollout.engine import HFEngine, SamplingConfig
-from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request
+from turnrl.rollout.policies import ModelPolicy, Policy, Reply, Request, _gen_eos
 from turnrl.rollout.sampler import EpisodeSpec, Sampler, invalid_rate
 from turnrl.tokenization import ChatFormat, Encoded
-from turnrl.train.core import LoraSettings, TrainConfig, Trainer, TrainResult, _is_peft
+from turnrl.train.core import _HASH_EXEMPT, LoraSettings, TrainConfig, Trainer, TrainResult, _is_peft
 from turnrl.train.forward import PackedBatch, kept_logits, pack_runs
 
 __all__ = ["PPOConfig", "PPOObjective", "PPORunner", "TurnSample", "train_ppo"]
@@ -694,6 +694,9 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if cfg.save_every % steps_per_iter:
         raise TurnRLError(f"ppo: save_every ({cfg.save_every}) must be a multiple of the steps per iteration "
                           f"(ppo_epochs x minibatches = {steps_per_iter}); checkpoints fall between iterations")
+    if bool(cfg.eval_every) != bool(cfg.eval_episodes):  # the evaluation needs both: one alone did nothing
+        raise TurnRLError(f"ppo: eval_every ({cfg.eval_every}) and eval_episodes ({cfg.eval_episodes}) go together "
+                          "(eval_episodes greedy episodes every eval_every steps); set both or neither")
     if cfg.split not in ("train", "seen", "unseen") or cfg.eval_split not in ("train", "seen", "unseen"):
         raise TurnRLError(f"ppo: unknown split; choose from: train, seen, unseen (got {cfg.split}, {cfg.eval_split})")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
@@ -721,8 +724,8 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
         mods = list(cfg.lora.modules_to_save or [])
         train_cfg.lora = LoraSettings(**{**cfg.lora.model_dump(), "modules_to_save": [*mods, "value_head"]})
     tok = load_tokenizer(model_name)
-    chat = ChatFormat(tok)
     model = load_model(model_name, dtype=training_dtype(cfg.mixed_precision, cfg.lora is not None))
+    chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))  # rollouts stop where evaluation's do
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if kind == "gae" and find_value_head(model) is None:
@@ -738,8 +741,8 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
                        steps_per_iter=steps_per_iter)
     if cfg.kl_estimator == "full" and cfg.beta_kl > 0:
         objective.ref = runner.ref_logprobs
-    run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,
-                  "ppo": cfg.model_dump(mode="json")}
+    run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,  # hashed: without
+                  "ppo": {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT}}  # cadence
     trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
                       before_step=runner.before_step, save_apart=("value_head",) if kind == "gae" else (),
                       eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
