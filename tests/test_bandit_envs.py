@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -198,6 +199,19 @@ def test_best_summary_names_the_greedy_arm_and_the_untried_ones() -> None:
     assert env.render().splitlines()[-2].endswith("Untried: none.")
 
 
+@pytest.mark.parametrize(("summary", "line"), [("best", "Best so far: none. Untried: blue, green, red."),
+                                              ("best-kv", "Best=none. Untried=blue,green,red.")])
+def test_best_summary_after_only_invalid_pulls_names_no_arm(summary: str, line: str) -> None:
+    """An invalid first reply counts as a step but tries no arm: the summary must not name
+    an arbitrary arm as the best one with a mean of nan."""
+    env = envs.make("bandit", arms=3, horizon=4, summary=summary, context=0)
+    env.reset(options={"task_id": "bandit-0"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0/0
+        obs, *_ = env.step("zzz")
+    assert obs.splitlines()[-2] == line and "nan" not in obs
+
+
 def test_best_kv_summary_writes_each_label_as_a_reply_writes_its_action() -> None:
     """``summary=best-kv``: the same facts as ``best``, as ``key=value`` pairs, so the tiny
     tokenizer reads each label as the same token as in ``ACTION=<label>``."""
@@ -256,6 +270,27 @@ def test_contextual_rewards_are_linear_in_user_features() -> None:
     assert not {u["occupation"] for u in users} & set(NEW_OCCUPATIONS)
     new = env.instance("cb-new-200003").meta["users"]
     assert {u["occupation"] for u in new} <= set(NEW_OCCUPATIONS)
+
+
+def test_contextual_ucb_c_is_the_expert_linucb_exploration_constant() -> None:
+    """``ucb_c`` is the expert's constant on the contextual bandit too (LinUCB's alpha), not
+    an option accepted and then ignored."""
+    from turnrl.bandits.algorithms import make_algorithm
+
+    def expert_episode(**opts: float) -> list[str]:
+        env = envs.make("contextual_bandit", horizon=30, **opts)
+        env.reset(options={"task_id": "cb-3"})
+        rng, thoughts = random.Random(0), []
+        for _ in range(30):
+            step = env.expert(rng)
+            thoughts.append(step.thought)
+            env.step(step.action)
+        return thoughts
+
+    assert expert_episode(ucb_c=0.1) != expert_episode() != expert_episode(ucb_c=5.0)
+    assert expert_episode() == expert_episode(ucb_c=1.0)  # the default is LinUCB's default alpha
+    env = envs.make("contextual_bandit", ucb_c=0.25)
+    assert env._expert.algo.spec == make_algorithm("linucb:alpha=0.25,c=0.25").spec
 
 
 def test_contextual_prompt_describes_users_and_movies() -> None:

@@ -421,3 +421,6 @@ def test_aid_specs() -> None:
                         ("self-consistency:k=x", "k must be a number")):
         with pytest.raises(TurnRLError, match=needle):
             parse_aid(bad)
+    for k in ("nan", "inf", "2.5"):  # a one-line error, not a ValueError / OverflowError from int()
+        with pytest.raises(TurnRLError, match="k must be an integer"):
+            with_aids(Stub(["blue"]), [f"self-consistency:k={k}"])

@@ -54,6 +54,8 @@ class Counter(TextEnv):
     def task_ids(self, split: str) -> list[str]:
         if self.flags.get("overlap"):
             return ["c3", "c4"]
+        if self.flags.get("seen_unseen_overlap"):
+            return {"train": ["c3", "c4"], "seen": ["c5", "c9"], "unseen": ["c9"]}[split]
         return {"train": ["c3", "c4"], "seen": ["c5"], "unseen": ["c9"]}[split]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
@@ -100,6 +102,7 @@ def test_toy_env_passes() -> None:
     [
         ("no_instruction", "instruction must be a non-empty str"),
         ("overlap", "train and seen share"),
+        ("seen_unseen_overlap", "seen and unseen share 1 task id(s), e.g. 'c9'"),
         ("nondeterministic", "not deterministic"),
         ("raises", "step raised ValueError: boom"),
         ("never_ends", "did not end within max_turns"),

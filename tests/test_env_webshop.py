@@ -117,6 +117,8 @@ def test_unreachable_server_is_a_one_line_error() -> None:
         WebShopHTTP(url="localhost:3000")
     with pytest.raises(TurnRLError, match="train_goals and seen_goals overlap"):
         WebShopHTTP(seen_goals="0:600", train_goals="500:1000", unseen_goals="2000:2001")
+    with pytest.raises(TurnRLError, match="seen_goals and unseen_goals overlap"):
+        WebShopHTTP(seen_goals="0:600", unseen_goals="500:1500")  # a goal in both evaluation sets
 
 
 def test_registered_only_with_a_server_url(monkeypatch: pytest.MonkeyPatch, server: WebShopTestServer) -> None:

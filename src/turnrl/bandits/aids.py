@@ -22,6 +22,7 @@ which aid wrote them), so training never mistakes them for sampled tokens.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -147,7 +148,7 @@ def with_aids(policy: Policy, aids: Sequence[str]) -> Policy:
     parsed = dict(map(parse_aid, aids))
     if "self-consistency" in parsed:
         k = parsed["self-consistency"].get("k", 5)
-        if k != int(k):
+        if not math.isfinite(k) or k != int(k):
             raise TurnRLError(f"aid 'self-consistency': k must be an integer (got {k!r})")
         policy = SelfConsistencyAid(policy, int(k))
     if "epsilon-greedy" in parsed:

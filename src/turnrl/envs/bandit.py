@@ -146,6 +146,10 @@ def best_summary(counts: np.ndarray, sums: np.ndarray, labels: Sequence[str], kv
     ``kv`` (``summary=best-kv``) writes them as ``key=value`` pairs."""
     b = best_tried(counts, sums)
     untried = [labels[i] for i in range(len(counts)) if not counts[i]] or ["none"]
+    if b < 0:  # only invalid pulls so far: no tried arm to name
+        if kv:
+            return f"Best=none. Untried={','.join(untried)}."
+        return f"Best so far: none. Untried: {', '.join(untried)}."
     if kv:
         return f"Best={labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried={','.join(untried)}."
     return f"Best so far: {labels[b]} {sums[b] / counts[b]:.2f} ({int(counts[b])}x). Untried: {', '.join(untried)}."

@@ -10,8 +10,7 @@ What is checked:
 
 - ``instruction`` is a non-empty string (read after a reset);
 - ``task_ids`` of ``train`` / ``seen`` / ``unseen`` are non-empty lists of strings, and
-  ``train`` shares no id with ``seen`` or ``unseen``; ``reset(options={"task_id": id})``
-  plays that task;
+  no two splits share an id; ``reset(options={"task_id": id})`` plays that task;
 - ``reset`` returns ``(str, dict)`` with ``task_id`` in the dict, and two resets with the
   same seed give the same observation and info;
 - ``step`` returns ``(str, float-like, bool, bool, dict)`` with ``task_id`` in the dict,
@@ -195,11 +194,10 @@ class _Checker:
                 self.problem(f"task_ids({split!r}) must be a non-empty list of str, got {_short(got)}")
                 continue
             ids[split] = got
-        train = set(ids.get("train", []))
-        for split in ("seen", "unseen"):
-            shared = train & set(ids.get(split, []))
+        for first, split in (("train", "seen"), ("train", "unseen"), ("seen", "unseen")):
+            shared = set(ids.get(first, [])) & set(ids.get(split, []))
             if shared:
-                self.problem(f"train and {split} share {len(shared)} task id(s), e.g. {sorted(shared)[0]!r}")
+                self.problem(f"{first} and {split} share {len(shared)} task id(s), e.g. {sorted(shared)[0]!r}")
         for got in ids.values():
             _, info = self.reset(f"reset(task_id={got[0]!r})", seed=self.seed, options={"task_id": got[0]})
             if info.get("task_id") != got[0]:

@@ -21,7 +21,8 @@ location is descriptive.
 Options: ``items`` (5; 2..20), ``noise`` (``medium``: sigma 0.1 / 0.5 / 1.0 for ``low`` /
 ``medium`` / ``high``), ``horizon`` (50), ``context`` (10 past steps shown),
 ``summary``, ``randomize_labels``, ``rationale`` (``short`` | ``ucb``: write
-``LinUCB values: Moonfall=..., ...`` first), ``ucb_c`` -- as for ``bandit``.
+``LinUCB values: Moonfall=..., ...`` first), ``ucb_c`` -- as for ``bandit``; here it is the
+expert LinUCB's exploration constant (``alpha``: score θ_i·x + ucb_c·sqrt(xᵀ A_i⁻¹ x)).
 
 Tasks: ``cb-<seed>`` (train: seeds 0..999; seen: 100000..100199) with users of eight
 occupations, and ``cb-new-<seed>`` (unseen: 200000..200199) whose users all have the two
@@ -38,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from turnrl.bandits.algorithms import Setting
+from turnrl.bandits.algorithms import Setting, make_algorithm
+from turnrl.bandits.scripted import ScriptedAgent
 from turnrl.bandits.simulate import Instance
 from turnrl.envs import register
 from turnrl.envs.bandit import BanditEnvBase, check_choice, check_int
@@ -107,6 +109,8 @@ class ContextualBandit(BanditEnvBase):
         self.noise = check_choice("contextual_bandit", "noise", noise, tuple(NOISE_SIGMA))
         super().__init__(horizon=horizon, context=context, summary=summary, randomize_labels=randomize_labels,
                          rationale=rationale, ucb_c=ucb_c, expert="linucb")
+        # LinUCB explores with ``alpha`` (its ``c`` only scales the UCB1 values of a plain bandit)
+        self._expert = ScriptedAgent(make_algorithm(f"linucb:c={self.ucb_c!r},alpha={self.ucb_c!r}"))
         self.labels = list(TITLES[: self.items])
         self.setting = Setting(arms=self.items, dim=DIM, dist="gaussian", sigma=NOISE_SIGMA[self.noise])
 

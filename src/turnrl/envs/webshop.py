@@ -195,10 +195,10 @@ class WebShopHTTP(TextEnv):
         self.max_turns = max_turns
         self._splits = {"train": _range("train_goals", train_goals), "seen": _range("seen_goals", seen_goals),
                         "unseen": _range("unseen_goals", unseen_goals)}
-        for split in ("seen", "unseen"):
-            a, b = self._splits["train"], self._splits[split]
+        for first, split in (("train", "seen"), ("train", "unseen"), ("seen", "unseen")):
+            a, b = self._splits[first], self._splits[split]
             if a.start < b.stop and b.start < a.stop:
-                raise TurnRLError(f"webshop: train_goals and {split}_goals overlap")
+                raise TurnRLError(f"webshop: {first}_goals and {split}_goals overlap")
         self._unseeded = random.Random()
         self._task_id = ""
         self._page = ParsedPage()
