@@ -288,6 +288,11 @@ BAD_LINES: list[tuple[str, str, str]] = [
         json.dumps(with_changes(**{"return": float("nan")})),
         "'return' is not a number (got nan)",
     ),
+    # integers too large for a float, or for Python to read at all, and nesting too deep to parse
+    ("return too large", json.dumps(with_changes(**{"return": 10**400})), "'return' is not a number (got 1000"),
+    ("reward too large", json.dumps(with_changes(rewards=[0.0, 10**400])), "rewards must be a list of numbers"),
+    ("too many digits", '{"return": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit"),
+    ("nested too deeply", "[" * 100_000, "invalid JSON: nested too deeply"),
     ("num_turns", json.dumps(with_changes(num_turns=3)), "num_turns is 3 but there are 2 assistant messages"),
     ("success not bool", json.dumps(with_changes(success=1)), "'success' must be true or false (got 1)"),
     ("task_id not str", json.dumps(with_changes(task_id=3)), "'task_id' must be a string (got 3)"),
@@ -481,6 +486,11 @@ ETO_BAD: list[tuple[str, Any, str]] = [
         {"id": 1, "conversations": [{"from": "human", "value": "Put a mug in the sink."}]},
         "no 'gpt' entry in 'conversations': a trajectory without an agent turn has nothing to train on",
     ),
+    (
+        "reward too large",
+        {"id": 1, "conversations": [{"from": "gpt", "value": "OK"}], "reward": 10**400},
+        "'reward' is not a number (got 1000",
+    ),
     ("bad id", {"id": [1], "conversations": []}, "'id' must be a string or an integer"),
     ("not an object", [1], "expected a JSON object, got list"),
 ]
@@ -511,3 +521,28 @@ def test_eto_invalid_json_and_no_partial_output(tmp_path: Path) -> None:
         import_eto(tmp_path / "missing.json")
     with pytest.raises(TurnRLError, match="source must be one of"):
         import_eto(bad, source="human")
+
+
+# --------------------------------------------------------------------------- pair builders
+
+
+def _sample(task: str, actions: list[str], ret: float, *, valid: bool = True) -> Trajectory:
+    msgs = [Message("system", "play"), Message("user", "start")]
+    for i, a in enumerate(actions):
+        msgs += [Message("assistant", f"Thought: go.\nAction: {a}", action=a, valid=valid), Message("user", f"o{i}")]
+    return Trajectory(id=f"{task}-{'-'.join(actions)}-{ret}", env="e", task_id=task, messages=msgs,
+                      rewards=[0.0] * (len(actions) - 1) + [ret], return_=ret)
+
+
+def test_clean_self_play_pairs_the_best_with_the_worst_non_degenerate_sample() -> None:
+    """"clean" removes degenerate losers, not the task: the next worst sample below the best is the loser."""
+    from turnrl.data.pairs import self_play_pairs
+
+    samples = [_sample("a", ["1"], 1.0), _sample("a", ["2"], 0.0), _sample("a", ["3", "3", "3"], -1.0),
+               _sample("b", ["1"], 1.0), _sample("b", ["x"], -1.0, valid=False)]
+    noisy = self_play_pairs(samples)
+    assert [(p.task_id, p.rejected.return_) for p in noisy] == [("a", -1.0), ("b", -1.0)]
+    stats: dict[str, int] = {}
+    clean = self_play_pairs(samples, losers="clean", stats=stats)
+    assert [(p.task_id, p.chosen.return_, p.rejected.return_) for p in clean] == [("a", 1.0, 0.0)]
+    assert stats == {"dropped_repeated_action": 1, "dropped_invalid_action": 1, "pairs": 1}

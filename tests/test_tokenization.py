@@ -40,6 +40,13 @@ MISTRAL = (
     "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
     "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
 )
+# DeepSeek-Coder: a newline between the content and the end-of-turn token
+DEEPSEEK_CODER = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n"
+    "{% elif m['role'] == 'user' %}{{ '### Instruction:\\n' + m['content'] + '\\n' }}"
+    "{% else %}{{ '### Response:\\n' + m['content'] + '\\n<|EOT|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Response:' }}{% endif %}"
+)
 
 # name -> (template, special tokens to add, eos, bos, expected end-of-turn marker)
 STYLES = {
@@ -49,6 +56,8 @@ STYLES = {
     "llama2": (LLAMA2, ["<s>", "</s>"], "</s>", "<s>", "</s>"),
     "gemma": (GEMMA, ["<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>"], "<eos>", "<bos>", "<end_of_turn>"),
     "mistral": (MISTRAL, ["<s>", "</s>"], "</s>", "<s>", "</s>"),
+    "deepseek_coder": (DEEPSEEK_CODER, ["<|begin_of_sentence|>", "<|EOT|>"], "<|EOT|>", "<|begin_of_sentence|>",
+                       "<|EOT|>"),
     "none": (None, ["</s>"], "</s>", None, "</s>"),
 }
 
@@ -153,3 +162,31 @@ def test_sampled_token_ids_are_used_verbatim(tiny_tokenizer) -> None:
     msgs[2] = Message("assistant", content, token_ids=chat.tokenize_text("Action: 5"))
     enc = chat.encode(msgs)
     assert enc is not None and enc.reencoded_turns == 1
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_replies_sampled_as_trained_are_trained_as_sampled(tiny_tokenizer, style: str) -> None:
+    """A model that writes each turn as it was trained (content, then the end-of-turn marker,
+    Llama-2's leading space or DeepSeek-Coder's newline included) and is cut at its stop token
+    as the rollout cuts it: the sequence trained on holds those sampled ids, none re-encoded."""
+    tok = styled(tiny_tokenizer, style)
+    chat = ChatFormat(tok)
+    stops = set(chat.stop_token_ids)
+    rollout: list[Message] = []
+    sampled: list[int] = []
+    for m in MESSAGES:
+        if m.role != "assistant":
+            rollout.append(m)
+            continue
+        enc = chat.encode([*rollout, Message("assistant", m.content)])
+        assert enc is not None
+        last = max(enc.turn_index)
+        ids = [i for i, t in zip(enc.input_ids, enc.turn_index, strict=True) if t == last]
+        assert ids[-1] in stops and not stops & set(ids[:-1])
+        # the rollout's content: the decoded reply up to its stop token
+        text = tok.decode(ids[:-1], skip_special_tokens=False)
+        rollout.append(Message("assistant", text, token_ids=ids))
+        sampled += ids
+    enc = chat.encode(rollout)
+    assert enc is not None and enc.reencoded_turns == 0, style
+    assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled

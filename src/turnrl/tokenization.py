@@ -144,8 +144,10 @@ class ChatFormat:
         return self._eot_after(text[text.index(s0) + len(s0) :])
 
     def _eot_after(self, rest: str) -> str:
-        """The whitespace + special token right after an assistant content, or ''."""
-        stripped = rest.lstrip(" ")
+        """The whitespace + special token right after an assistant content, or ''.
+
+        The whitespace may be a newline: DeepSeek-Coder closes a turn with ``"\\n<|EOT|>"``."""
+        stripped = rest.lstrip()
         lead = rest[: len(rest) - len(stripped)]
         for tok in self._specials:
             if stripped.startswith(tok):
@@ -199,6 +201,10 @@ class ChatFormat:
             body = ids
             if eot_ids and ids[-len(eot_ids) :] == eot_ids:
                 body = ids[: -len(eot_ids)]
+                # A marker that starts with whitespace (Llama-2's " </s>") is sampled whole, and the
+                # rollout's content (the text before the stop token) then ends with that whitespace.
+                if self.tokenizer.decode(ids[:-1], skip_special_tokens=False) == content:
+                    return ids, False
             elif body and body[-1] in self.stop_token_ids:
                 body = body[:-1]
             if self.tokenizer.decode(body, skip_special_tokens=False) == content:

@@ -69,7 +69,11 @@ def _reward(item: dict[str, Any], where: str) -> float | None:
         return None
     if isinstance(value, bool):
         return float(value)
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    try:
+        finite = isinstance(value, int | float) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
         raise TurnRLError(f"{where}: '{key}' is not a number (got {_show(value)})")
     return float(value)
 
@@ -188,6 +192,10 @@ def _load_json(path: Path) -> Any:
         raise TurnRLError(f"{path}: invalid JSON: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise TurnRLError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except ValueError as e:  # e.g. an integer literal longer than Python converts
+        raise TurnRLError(f"{path}: invalid JSON: {e}") from None
+    except RecursionError:
+        raise TurnRLError(f"{path}: invalid JSON: nested too deeply") from None
 
 
 def import_eto(

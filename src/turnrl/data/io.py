@@ -87,6 +87,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_finite_number(value: Any) -> bool:
+    """A number that is a finite float (an integer too large for a float is not)."""
+    try:
+        return _is_number(value) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _check_object(value: Any, where: str, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         _fail(where, f"{name} must be a JSON object (got {_show(value)})")
@@ -128,7 +136,7 @@ def _get_bool(d: Mapping[str, Any], key: str, where: str, prefix: str, default: 
 
 def _get_number(d: Mapping[str, Any], key: str, where: str, prefix: str, default: float) -> float:
     value = d.get(key, default)
-    if not _is_number(value) or not math.isfinite(value):
+    if not _is_finite_number(value):
         _fail(where, f"'{_qual(prefix, key)}' is not a number (got {_show(value)})")
     return float(value)
 
@@ -139,7 +147,7 @@ def _number_list(value: Any, what: str, where: str, *, integers: bool = False) -
         _fail(where, f"{what} must be a list of {kind} (got {_show(value)})")
     for i, x in enumerate(value):
         ok = (
-            isinstance(x, int) and not isinstance(x, bool) if integers else _is_number(x) and math.isfinite(x)
+            isinstance(x, int) and not isinstance(x, bool) if integers else _is_finite_number(x)
         )
         if not ok:
             _fail(where, f"{what} must be a list of {kind} (item {i} is {_show(x)})")
@@ -342,6 +350,10 @@ def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
                     else "; the last line is incomplete (was the writer interrupted?)"
                 )
                 raise TurnRLError(f"{where}: invalid JSON: {e.msg} (column {e.colno}){hint}") from None
+            except ValueError as e:  # e.g. an integer literal longer than Python converts
+                raise TurnRLError(f"{where}: invalid JSON: {e}") from None
+            except RecursionError:
+                raise TurnRLError(f"{where}: invalid JSON: nested too deeply") from None
             if not isinstance(obj, dict):
                 raise TurnRLError(f"{where}: expected a JSON object, got {type(obj).__name__} {_show(obj)}")
             yield lineno, obj

@@ -11,7 +11,7 @@ All builders are pure functions of trajectories; ``turnrl pairs`` reads and writ
   expert's action at turn ``t`` against the agent's, after the shared prefix. Both sides are
   cut after turn ``t`` and only turn ``t`` is trained (``meta["train_from_turn"] = t``).
 * :func:`self_play_pairs` -- no expert: the best against the worst of a task's own samples
-  when their returns differ.
+  when their returns differ ("clean": the worst of those that are not degenerate).
 * :func:`scored_samples` -- SPPO: every sample with its win rate against the K samples of its
   task under the environment-reward oracle ``P(i > j) = sigmoid((r_i - r_j) / tau)``, ties 1/2
   (``meta["win_rate"]``). The oracle interface itself is :class:`RewardOracle`.
@@ -216,11 +216,14 @@ def self_play_pairs(
     pairs: list[Pair] = []
     for task, group in _by_task(samples).items():
         ranked = sorted(group, key=lambda t: t.return_)
-        worst, best = ranked[0], ranked[-1]
-        if best.return_ == worst.return_:
+        best = ranked[-1]
+        if best.return_ == ranked[0].return_:
             stats["same_return"] = stats.get("same_return", 0) + 1
             continue
-        if not _keep_loser(worst, losers, stats):
+        # "clean" removes degenerate losers: the worst of the samples that remain, if one is below the best
+        kept = (t for t in ranked if t.return_ < best.return_ and _keep_loser(t, losers, stats))
+        worst = next(kept, None)
+        if worst is None:
             continue
         pairs.append(Pair(task, best, worst, {"kind": "self_play", "diverge_turn": diverge_turn(best, worst),
                                               "chosen_return": best.return_,
