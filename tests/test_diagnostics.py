@@ -221,6 +221,9 @@ def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
         (["--split", "test"], "unknown split 'test'"),
         (["--instances", "0"], "--instances must be >= 1"),
         (["--env", "tictactoe"], "--env must be bandit or contextual_bandit"),
+        (["--fb-step", "0"], "--fb-step must be >= 1 (got 0)"),
+        (["--fb-max-repeats", "-1"], "--fb-max-repeats must be >= 0 (got -1)"),
+        (["--fb-template", "ACTION"], "--fb-template must contain '{action}' once (got 'ACTION')"),
     ],
 )
 def test_cli_errors_are_one_line(extra: list[str], needle: str, tmp_path: Path, capsys) -> None:
@@ -262,3 +265,27 @@ def test_sft_on_ucb_data_then_diagnose(tiny_dir: Path, tmp_path: Path) -> None:
     untrained, sft, _ = out["policies"]
     assert sft["ucb_block_rate"] > 0.5 > untrained["ucb_block_rate"]
     assert sft["invalid_action_rate"] < untrained["invalid_action_rate"]
+
+
+class InvalidPolicy:
+    """Always names an arm that does not exist."""
+
+    name = "invalid"
+
+    def act(self, requests):  # type: ignore[no-untyped-def]
+        from turnrl.rollout.policies import Reply
+
+        return [Reply("ACTION=purple-elephant") for _ in requests]
+
+
+def test_knowing_doing_does_not_credit_random_stand_ins_for_invalid_replies() -> None:
+    """Every reply is invalid, so the sampler plays a random arm each step: those pulls count
+    for regret and coverage (they happened) but are not the policy's actions -- all 'other'."""
+    from turnrl.diagnostics.bandit import model_run
+
+    env = envs.make("bandit", arms=3, horizon=6)
+    pr = model_run(InvalidPolicy(), "bandit", {"arms": 3, "horizon": 6}, env.task_ids("seen")[:4])
+    assert pr.extra["invalid_action_rate"] == 1.0 and (pr.run.arms >= 0).all()
+    kd = knowing_doing(pr, c=1.0)
+    assert kd["steps"] == 24
+    assert kd["actions_pct"] == {"optimal": 0.0, "greedy": 0.0, "other": 100.0}

@@ -141,6 +141,31 @@ def test_comparisons_roundtrip_and_bad_lines(tmp_path: Path) -> None:
     path.write_text("\n".join([lines[0], json.dumps(bad)]) + "\n")
     with pytest.raises(TurnRLError, match=r"c.jsonl:2: label"):
         read_comparisons(path)
+    for key, value, needle in (("meta", [1], "meta must be a JSON object (got [1])"),
+                               ("meta", "ab", 'meta must be a JSON object (got "ab")'),
+                               ("task_id", None, "task_id must be a string (got null)")):
+        bad = {**json.loads(lines[1]), key: value}
+        path.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(TurnRLError, match=r"c.jsonl:1: ") as exc:  # not a TypeError traceback
+            read_comparisons(path)
+        assert needle in str(exc.value)
+
+
+def test_comparisons_cli_without_any_pair_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    from turnrl.data.io import write_jsonl
+
+    single = tmp_path / "single.jsonl"  # one trajectory a task: nothing to compare
+    write_jsonl(single, [_traj("a", 1.0, "x"), _traj("b", 0.0, "y")])
+    out = tmp_path / "c.jsonl"
+    code, _, err = run(["comparisons", "--trajectories", str(single), "--out", str(out)], capsys)
+    assert "single.jsonl: no comparisons" in one_line_error(code, err)
+    assert not out.exists()  # no empty file that looks like a finished output
+    tied = tmp_path / "tied.jsonl"
+    write_jsonl(tied, [_traj("a", 1.0, "x"), _traj("a", 1.0, "y")])
+    code, _, err = run(["comparisons", "--trajectories", str(tied), "--out", str(out), "--skip-ties"], capsys)
+    assert "different returns" in one_line_error(code, err) and not out.exists()
+    code, out_text, err = run(["comparisons", "--trajectories", str(tied), "--out", str(out)], capsys)
+    assert code == 0 and "wrote 1 comparisons" in out_text and len(read_comparisons(out)) == 1
 
 
 # ------------------------------------------------------------------------ pairwise model

@@ -861,3 +861,14 @@ def test_ppo_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Pat
     assert again.steps == first.steps and again.final_loss == pytest.approx(first.final_loss)
     with pytest.raises(TurnRLError, match="config changed"):
         train_ppo(str(tiny_dir), "bandit", tmp_path / "run", cfg.model_copy(update={"lr": 2e-3}), resume=True)
+
+
+def test_study_bandit_eval_does_not_credit_random_stand_ins_for_invalid_replies() -> None:
+    """The untrained tiny model writes no valid arm: every pull is the sampler's random stand-in, which
+    the knowing-doing shares must not score as the model's optimal or greedy action."""
+    from turnrl.greedy_study import bandit_eval
+
+    out = bandit_eval("tiny", {"horizon": 6, "context": 3}, ["bandit-100000", "bandit-100001", "bandit-100002"],
+                      max_new_tokens=6, instruction="Pick an arm. Answer as: ACTION=<arm>")
+    assert out["invalid"] == 1.0
+    assert out["actions_pct"] == {"optimal": 0.0, "greedy": 0.0, "other": 100.0}

@@ -304,6 +304,7 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
     n, h, k = inst.mu.shape
     arms = np.full((n, h), -1, dtype=np.int64)
     rewards = np.zeros((n, h))
+    own = np.zeros((n, h), dtype=bool)  # steps whose arm the model chose (not an invalid reply's stand-in)
     low = moved = 0  # replies whose rationale is ``Low.``, and those of them that left the last arm
     # summary=best: per rationale word (``Best.`` / ``Untried.``), replies and those whose arm is the
     # one the word names (the best tried arm, ties included / an arm never pulled)
@@ -318,6 +319,7 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
             _, reward, _, _, info = env.step(msg.action)
             arms[row, t] = -1 if info["arm"] is None else int(info["arm"])
             rewards[row, t] = reward
+            own[row, t] = msg.valid is not False
             if info["arm"] is not None:
                 arm = int(info["arm"])
                 # an invalid reply's executed random fallback is not the model's choice: not counted
@@ -336,7 +338,7 @@ def bandit_eval(model: str | Path, env_opts: dict[str, Any], task_ids: Sequence[
                 counts[arm] += 1
                 sums[arm] += reward
             t += 1
-    pr = PolicyRun(str(model), "model", Run(inst, arms, rewards, np.full((n, h, k), np.nan)), 1)
+    pr = PolicyRun(str(model), "model", Run(inst, arms, rewards, np.full((n, h, k), np.nan)), 1, own=own)
     reg = regret_summary(pr)
     cov = coverage_summary(pr)
     kd = knowing_doing(pr, env.ucb_c)

@@ -38,11 +38,16 @@ def comparisons(
     """Labelled comparisons (for `turnrl train preference-model`) between trajectories of the same task,
     labelled by the env-reward oracle."""
     from turnrl.data.io import read_trajectories
+    from turnrl.errors import TurnRLError
     from turnrl.oracles import EnvRewardOracle, comparisons_from_trajectories, write_comparisons
 
     trajs = [t for f in trajectories for t in read_trajectories(f)]
     comps = comparisons_from_trajectories(trajs, oracle=EnvRewardOracle(tau), hard=not soft,
                                           pairs_per_task=pairs_per_task, skip_ties=skip_ties, seed=seed)
+    if not comps:  # an empty file would only fail later, in `turnrl train preference-model`
+        files = ", ".join(str(f) for f in trajectories)
+        raise TurnRLError(f"{files}: no comparisons: no task has two trajectories"
+                          + (" with different returns" if skip_ties else ""))
     write_comparisons(out, comps)
     ties = sum(c.label == 0.5 for c in comps)
     console.print(f"wrote {len(comps)} comparisons to {out} ({ties} ties)")

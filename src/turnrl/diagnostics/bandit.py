@@ -23,7 +23,9 @@ For each policy -- a scripted algorithm (``ucb``, ``thompson``, ``greedy``...) o
   the env's ``ucb_c``): the rationale is *correct* when the arms it rates highest are
   among the truly highest (within 0.01, the block's rounding); the action is *optimal*
   when it has the highest true UCB value, else *greedy* when it has the highest true UCB
-  value among the arms tried so far, else *other*. The 2x3 table gives % of all steps.
+  value among the arms tried so far, else *other* (as is a step whose reply was invalid: the
+  random arm the sampler played in its stead is not the policy's action). The 2x3 table gives
+  % of all steps.
 
 Model policies run through the normal lock-step :class:`~turnrl.rollout.sampler.Sampler`
 (one batched generate per step) with ``history=0`` (the observation holds the recent
@@ -70,6 +72,9 @@ class PolicyRun:
     run: Run
     runs: int
     extra: dict[str, Any] = field(default_factory=dict)
+    #: [R*N, H] bool: steps whose arm the policy chose itself (False where its reply was
+    #: invalid and the sampler pulled a random arm in its stead); None: every step
+    own: np.ndarray | None = None
 
     @property
     def n_instances(self) -> int:
@@ -122,6 +127,7 @@ def model_run(policy: Any, env_name: str, env_opts: dict[str, Any], task_ids: Se
     arms = np.full((n, h), -1, dtype=np.int64)
     rewards = np.zeros((n, h))
     reported = np.full((n, h, k), np.nan)
+    own = np.zeros((n, h), dtype=bool)
     for row, traj in enumerate(trajs):
         env.reset(options={"task_id": traj.task_id})
         t = 0
@@ -132,10 +138,11 @@ def model_run(policy: Any, env_name: str, env_opts: dict[str, Any], task_ids: Se
             _, reward, _, _, info = env.step(msg.action)
             arms[row, t] = -1 if info["arm"] is None else int(info["arm"])
             rewards[row, t] = reward
+            own[row, t] = msg.valid is not False  # an invalid reply's random stand-in is not its action
             t += 1
     parsed = float(np.mean(~np.all(np.isnan(reported), axis=-1)))
     extra = {"invalid_action_rate": round(invalid_rate(trajs), 4), "ucb_block_rate": round(parsed, 4)}
-    return PolicyRun(label or policy.name, "model", Run(inst, arms, rewards, reported), runs, extra)
+    return PolicyRun(label or policy.name, "model", Run(inst, arms, rewards, reported), runs, extra, own)
 
 
 # ---------------------------------------------------------------------------------------
@@ -200,6 +207,8 @@ def knowing_doing(pr: PolicyRun, c: float) -> dict[str, Any]:
     took = np.zeros_like(best_true)
     np.put_along_axis(took, arm[..., None], True, axis=-1)
     took &= (run.arms >= 0)[..., None]
+    if pr.own is not None:  # a random arm played for an invalid reply is neither optimal nor greedy
+        took &= pr.own[..., None]
     optimal = np.any(took & best_true, axis=-1)
     tried = np.isfinite(truth)
     tried_vals = np.where(tried, truth, -np.inf)
@@ -484,6 +493,12 @@ def _check_cfg(cfg: DiagnoseConfig) -> None:
         raise TurnRLError(f"--instances must be >= 1 (got {cfg.instances})")
     if cfg.runs is not None and cfg.runs < 1:
         raise TurnRLError(f"--runs must be >= 1 (got {cfg.runs})")
+    for key, value, least in (("--fb-prefixes", cfg.fb_prefixes, 1), ("--fb-step", cfg.fb_step, 1),
+                              ("--fb-max-repeats", cfg.fb_max_repeats, 0)):
+        if value < least:  # checked before any policy plays, not after
+            raise TurnRLError(f"{key} must be >= {least} (got {value})")
+    if cfg.fb_template.count("{action}") != 1:
+        raise TurnRLError(f"--fb-template must contain '{{action}}' once (got {cfg.fb_template!r})")
     if cfg.split not in ("train", "seen", "unseen"):
         raise TurnRLError(f"unknown split '{cfg.split}'; choose from: train, seen, unseen")
     for a in cfg.aids:

@@ -349,9 +349,14 @@ def read_comparisons(path: str | Path) -> list[Comparison]:
         label = d["label"]
         if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0 <= label <= 1:
             raise TurnRLError(f"{where}: label must be a number in [0, 1] (got {json.dumps(label)})")
+        if not isinstance(d["task_id"], str):
+            raise TurnRLError(f"{where}: task_id must be a string (got {json.dumps(d['task_id'])})")
+        meta = d.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise TurnRLError(f"{where}: meta must be a JSON object (got {json.dumps(meta)})")
         a = trajectory_from_dict(d["a"], f"{where}: a")
         b = trajectory_from_dict(d["b"], f"{where}: b")
-        out.append(Comparison(str(d["task_id"]), a, b, float(label), d.get("meta") or {}))
+        out.append(Comparison(d["task_id"], a, b, float(label), meta or {}))
     if not out:
         raise TurnRLError(f"{p}: no comparisons")
     return out
