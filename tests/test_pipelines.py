@@ -82,6 +82,23 @@ def test_check_settings_refuses_to_resume_with_other_settings(tmp_path: Path) ->
         check_settings(out, {"iterations": 4})
 
 
+def test_check_settings_sees_a_setting_turned_from_null_into_a_section(tmp_path: Path) -> None:
+    """``train.lora: null`` then ``train.lora: {r: 8}`` (or back) flattens to keys only one side
+    knows; it is still a change: the finished full fine-tuning must not be reused as a LoRA run."""
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.pipelines.iterative import check_settings
+
+    full = EtoConfig().model_dump(mode="json", exclude={"out"})
+    lora = load_config(EtoConfig, overrides=["train.lora={r: 8}"]).model_dump(mode="json", exclude={"out"})
+    for first, then, shown in ((full, lora, r"\(train\.lora: null, now \{.*\"r\": 8.*\}\)"),
+                               (lora, full, r"\(train\.lora: \{.*\"r\": 8.*\}, now null\)")):
+        out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        check_settings(out, first)
+        with pytest.raises(TurnRLError, match=shown):
+            check_settings(out, then)
+    check_settings(out, lora)  # unchanged: accepted
+
+
 def test_pipelines_refuse_an_out_made_with_other_settings(tmp_path: Path) -> None:
     """``turnrl compare``, ``eto`` and ``sppo`` check OUT/settings.json before any work."""
     from turnrl.pipelines.compare import CompareConfig, run_compare
@@ -230,6 +247,31 @@ def test_eval_temperature_reaches_every_evaluation_but_best_of_n(tmp_path: Path,
         load_config(eto.EtoConfig, overrides=["eval_temperature=-1"])
 
 
+def test_history_reaches_sft_and_rft_as_it_reaches_rollouts_and_preference_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent acts with ``history`` earlier exchanges; its SFT and RFT trainings must see the
+    same window (``sft.history``'s default, 0, used to stay whatever ``history`` said)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from turnrl.data.io import read_trajectories
+    from turnrl.pipelines import eto
+    from turnrl.train import sft as sft_mod
+
+    seen: list[Any] = []
+
+    def fake_sft(model: str, data: Path, out: Path, cfg: Any, resume: bool = False) -> Any:
+        seen.append(cfg.history)
+        return SimpleNamespace(model_dir=Path(out) / "model")
+
+    monkeypatch.setattr(sft_mod, "train_sft", fake_sft)
+    cfg = eto.EtoConfig(base="some-model", history=2, expert_episodes=2)
+    model, expert = eto.prepare_base(cfg, tmp_path / "run")
+    won = replace(read_trajectories(expert)[0], success=True)
+    eto.rft(cfg, "base", model, expert, [won], tmp_path / "rft", 1)
+    assert seen == [2, 2]
+
+
 def test_config_cross_checks() -> None:
     from turnrl.pipelines.compare import CompareConfig, _check
     from turnrl.pipelines.eto import EtoConfig
@@ -250,6 +292,35 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(sft_seed=3))
     with pytest.raises(TurnRLError, match="set one of them"):
         _check(CompareConfig(sft_seed=3, pipeline=EtoConfig(data_seed=1, model="runs/sft")))
+    # the reference of every iteration is the agent it starts from: a train.ref_model would be ignored
+    ignored = r"^train\.ref_model=runs/sft/model: .*remove train\.ref_model$"
+    with pytest.raises(TurnRLError, match=ignored):
+        load_config(EtoConfig, overrides=["train.ref_model=runs/sft/model"]).check()
+    with pytest.raises(TurnRLError, match=ignored):
+        _check(load_config(CompareConfig, overrides=["pipeline.train.ref_model=runs/sft/model"]))
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    with pytest.raises(TurnRLError, match=r"^train\.ref_model=m: "):
+        load_config(SPPOConfig, overrides=["train.ref_model=m"]).check()
+
+
+def test_sppo_settings_that_would_fail_or_do_nothing_late_are_refused_up_front() -> None:
+    """A model oracle without its model fails when the oracle is built, after SFT and sampling:
+    ``check`` says so first. In a comparison, the sppo section's ``base``, ``sft`` and
+    ``expert_episodes`` would do nothing (SPPO starts from the seed's SFT agent): refused."""
+    from turnrl.pipelines.compare import CompareConfig, _check
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    with pytest.raises(TurnRLError, match=r"^oracle\.kind=judge needs oracle\.model"):
+        SPPOConfig(oracle={"kind": "judge"}).check()
+    with pytest.raises(TurnRLError, match=r"^oracle\.model: .*not found"):
+        SPPOConfig(oracle={"kind": "pairwise_model", "model": "/no/such/model"}).check()
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: oracle\.kind=pairwise_model needs"):
+        _check(CompareConfig(methods=["sppo"], sppo={"oracle": {"kind": "pairwise_model"}}))
+    for key, value in (("sft", {"epochs": 9.0}), ("expert_episodes", 3), ("base", "tiny")):
+        with pytest.raises(TurnRLError, match=rf"section sppo: '{key}' would have no effect.*set pipeline\.{key}$"):
+            _check(CompareConfig(methods=["sppo"], sppo={key: value}))
+    _check(CompareConfig(methods=["sppo"], sppo={"oracle": {"kind": "env_reward", "tau": 0.5}}))
 
 
 def test_compare_sft_seed_trains_one_start_for_every_seed(tiny_dir: Path, tmp_path: Path) -> None:

@@ -44,3 +44,16 @@ def test_quickstart_refuses_an_out_made_with_another_plan(tmp_path: Path) -> Non
     with pytest.raises(TurnRLError, match=r"plan\.demos: 600, now 400; plan\.eval_episodes: 200, now 100"):
         run_quickstart(out, fast=True)
     assert sorted(p.name for p in out.iterdir()) == ["settings.json"]
+
+
+def test_quickstart_without_resume_refuses_an_out_holding_a_run(tmp_path: Path) -> None:
+    """``--no-resume`` must not reuse finished stages: an out holding a run is a one-line error,
+    before any work."""
+    from turnrl.errors import TurnRLError
+
+    out = tmp_path / "qs"
+    (out / "sft").mkdir(parents=True)
+    (out / "sft" / "summary.json").write_text("{}")  # a finished SFT, which resume would skip
+    with pytest.raises(TurnRLError, match=r"qs: holds an earlier run, and resume is off \(--no-resume\)"):
+        run_quickstart(out, plan=SMALL, resume=False)
+    assert sorted(p.name for p in out.iterdir()) == ["sft"]

@@ -29,6 +29,7 @@ from typing import Any
 
 from turnrl.agent.prompting import PromptConfig
 from turnrl.collect import run_policy
+from turnrl.errors import TurnRLError
 from turnrl.evaluation import results_table, summarize
 from turnrl.pipelines.iterative import check_settings
 from turnrl.progress import progress_bar
@@ -93,6 +94,9 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
 
     plan = plan or (FAST if fast else FULL)
     out = Path(out)
+    if not resume and out.is_dir() and any(out.iterdir()):  # every stage below would reuse what is there
+        raise TurnRLError(f"{out}: holds an earlier run, and resume is off (--no-resume): choose another --out or "
+                          "remove it, or resume it")
     check_settings(out, {"env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__})  # --fast in a full run's out
     t0 = time.time()
 

@@ -93,6 +93,8 @@ class AgentPipelineConfig(Config):
     instruction: str | None = PROMPT.instruction
     """Replaces the env's instruction (default: the quickstart's short tic-tac-toe prompt)."""
     history: int | None = PROMPT.history
+    """Earlier exchanges the agent sees each turn: in every rollout and in every training (SFT,
+    RFT and preference), which take it over ``sft.history`` and ``train.history``."""
     invalid_action: Literal["random", "error", "end"] = "random"
     """What a reply without a valid action does, in exploration, sampling and evaluation alike:
     ``random`` plays a random valid action for it, ``error`` shows an error observation, ``end``
@@ -138,7 +140,8 @@ class AgentPipelineConfig(Config):
 
     def check_common(self) -> None:
         """Before any work, one line for: an unknown env, a bad env option (the env is built once),
-        a starting model path that is no model folder, an unknown split in ``eval_splits``."""
+        a starting model path that is no model folder, an unknown split in ``eval_splits``, a
+        ``train.ref_model`` (which the pipeline would ignore)."""
         from turnrl import envs
         from turnrl.models.loading import check_model_name
 
@@ -149,6 +152,10 @@ class AgentPipelineConfig(Config):
         for s in self.eval_splits:
             if s not in ("train", "seen", "unseen"):
                 raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        train = getattr(self, "train", None)
+        if train is not None and train.ref_model is not None:  # train_iteration sets it: it would do nothing
+            raise TurnRLError(f"train.ref_model={train.ref_model}: each iteration's reference is the agent it "
+                              "starts from; remove train.ref_model")
 
 
 class EtoConfig(AgentPipelineConfig):
@@ -260,7 +267,8 @@ def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tup
     def sft(p: Path) -> str:
         from turnrl.train.sft import train_sft
 
-        sft_cfg = cfg.sft.model_copy(update={"seed": cfg.seed})
+        # the agent's view when it acts (history window) is what it is trained on, as in train_iteration
+        sft_cfg = cfg.sft.model_copy(update={"seed": cfg.seed, "history": cfg.history})
         return str(train_sft(base, expert, p, sft_cfg, resume=True).model_dir)
 
     return run_stage(out / "sft", sft, log=log), expert
@@ -393,7 +401,7 @@ def rft(cfg: EtoConfig, base: str, model: str, experts: Path, explored: list[Tra
     data_path = out.with_name(out.name + "-data.jsonl")
     write_jsonl(data_path, data)
     init = model if cfg.rft_init == "current" else base
-    update: dict[str, Any] = {"seed": cfg.seed * 1000 + i}
+    update: dict[str, Any] = {"seed": cfg.seed * 1000 + i, "history": cfg.history}
     if cfg.rft_init == "current":
         update["epochs"] = cfg.rft_epochs
         update["warmup_ratio"] = 0.0

@@ -89,6 +89,13 @@ def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _get(tree: dict[str, Any], key: str) -> Any:
+    """``tree``'s value at the dotted ``key`` (a section of :func:`_flat`'s keys)."""
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
 def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str, ...] = ()) -> None:
     """Refuse to resume ``out`` with settings other than those it was made with.
 
@@ -96,7 +103,8 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     run). A later run must agree on every key both know, except those in ``free`` and below them
     (``"iterations"``, ``"seeds"``): the first differing keys are named in a one-line error.
     A key only one side knows (a setting added or removed by another turnrl version) is not
-    compared. A folder made before settings were recorded is taken as made with these."""
+    compared; a setting that is a value on one side and a section on the other is (``lora: null``
+    then ``lora: {r: 8}``). A folder made before settings were recorded is taken as made with these."""
     path = Path(out) / SETTINGS_FILE
     now = json.loads(json.dumps(settings, default=str))
     if path.is_file():
@@ -104,11 +112,21 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
             before = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise TurnRLError(f"{path}: unreadable ({e}); remove it to accept this run's settings") from None
-        old, new = _flat(before if isinstance(before, dict) else {}), _flat(now)
-        diff = [k for k in new if k in old and old[k] != new[k]
-                and not any(k == f or k.startswith(f + ".") for f in free)]
+        before = before if isinstance(before, dict) else {}
+        old, new = _flat(before), _flat(now)
+        changed = {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
+        # a setting that is a value on one side and a section on the other (``lora: null`` then
+        # ``lora: {r: 8}``) flattens to keys only one side knows, but it is no added setting: it changed
+        for k in [*new, *old]:
+            parts = k.split(".")
+            for p in (".".join(parts[:j]) for j in range(1, len(parts))):
+                if p in old and p not in new:  # a value before, a section now
+                    changed.setdefault(p, (old[p], _get(now, p)))
+                elif p in new and p not in old:  # a section before, a value now
+                    changed.setdefault(p, (_get(before, p), new[p]))
+        diff = [k for k in changed if not any(k == f or k.startswith(f + ".") for f in free)]
         if diff:
-            shown = "; ".join(f"{k}: {json.dumps(old[k])}, now {json.dumps(new[k])}" for k in diff[:3])
+            shown = "; ".join(f"{k}: {json.dumps(changed[k][0])}, now {json.dumps(changed[k][1])}" for k in diff[:3])
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
             raise TurnRLError(f"{out}: made with other settings ({shown}{more}): its finished stages would be reused "
                               "as if run with these; choose another out or remove it")

@@ -87,7 +87,18 @@ class SPPOConfig(AgentPipelineConfig):
 
     def check(self) -> SPPOConfig:
         self.check_common()
+        self.check_oracle()
         return self
+
+    def check_oracle(self) -> None:
+        """Before any work (the oracle is built after SFT and sampling): one line for a model
+        oracle without ``oracle.model`` or with a path that is no model folder."""
+        from turnrl.models.loading import check_model_name
+
+        if self.oracle.kind != "env_reward":
+            if self.oracle.model is None:
+                raise TurnRLError(f"oracle.kind={self.oracle.kind} needs oracle.model (a model directory)")
+            check_model_name(self.oracle.model, "oracle.model")
 
     def eto_view(self) -> Any:
         """The same settings as an ETO config, to reuse its SFT, rollout and eval stages."""
@@ -242,6 +253,10 @@ _SET_BY_COMPARE = ("out", "model", "env", "seed", "data_seed", "loss")
 _SHARED_IN_COMPARE = ("env_opts", "instruction", "history", "invalid_action", "invalid_penalty", "eval_splits",
                       "eval_episodes", "eval_seed", "eval_temperature")
 
+#: what makes the start agent (the demos, the base model, SFT): in a comparison every method starts
+#: from the seed's SFT agent, made by ``pipeline.*``
+_START_IN_COMPARE = ("base", "sft", "expert_episodes")
+
 
 def _validate(data: dict[str, Any]) -> SPPOConfig:
     try:
@@ -252,15 +267,25 @@ def _validate(data: dict[str, Any]) -> SPPOConfig:
 
 def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
     """The ``sppo`` section of a compare config: any :class:`SPPOConfig` key but those the
-    comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``) or shares with
-    every method (the env's options, the prompt, the evaluation: ``pipeline.*``); one line for a bad one."""
+    comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``), shares with
+    every method (the env's options, the prompt, the evaluation: ``pipeline.*``) or that make the
+    start agent (``base``, ``sft``, ``expert_episodes``: the seed's SFT agent is the start); one line
+    for a bad one, a model oracle without its model included."""
     for key in _SET_BY_COMPARE:
         if key in section:
             raise TurnRLError(f"compare config, section sppo: '{key}' is set by the comparison")
     for key in _SHARED_IN_COMPARE:
         if key in section:
             raise TurnRLError(f"compare config, section sppo: '{key}' is shared by every method; set pipeline.{key}")
-    _validate(merge(SPPOConfig().model_dump(), section))
+    for key in _START_IN_COMPARE:
+        if key in section:
+            raise TurnRLError(f"compare config, section sppo: '{key}' would have no effect: SPPO starts from the "
+                              f"seed's SFT agent; set pipeline.{key}")
+    cfg = _validate(merge(SPPOConfig().model_dump(), section))
+    try:
+        cfg.check_oracle()
+    except TurnRLError as e:
+        raise TurnRLError(f"compare config, section sppo: {e}") from None
     return dict(section)
 
 
