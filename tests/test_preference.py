@@ -410,3 +410,16 @@ def test_bad_scored_sample_meta_is_a_file_line_error(tiny_dir: Path, tmp_path: P
     write_jsonl(path, [replace(t, meta={**t.meta, **meta})])
     with pytest.raises(TurnRLError, match=message):
         load_units(path, ChatFormat(load_tokenizer(str(tiny_dir))), PreferenceConfig(loss="sppo"))
+
+
+@pytest.mark.parametrize("eta", ["0", "-1", ".inf"])
+def test_cli_sppo_eta_must_be_positive_and_finite(tmp_path: Path, tiny_dir: Path, capsys, monkeypatch,
+                                                   eta: str) -> None:
+    """SPPO's eta scales the target eta (P - 1/2): a non-positive or infinite one is a config error
+    naming the key, not a traceback from the loss after the reference pass."""
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    write_jsonl(tmp_path / "s.jsonl", [_traj("a", ["1"], 1.0, meta={"win_rate": 0.7})])
+    code, _, err = run(["train", "sppo", "--model", str(tiny_dir), "--pairs", str(tmp_path / "s.jsonl"),
+                        "--out", str(tmp_path / "o"), f"eta={eta}", "max_steps=1"], capsys)
+    assert "eta" in one_line_error(code, err)
+    assert not (tmp_path / "o").exists()

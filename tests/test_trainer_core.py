@@ -454,3 +454,15 @@ def test_bad_adam_betas_and_lora_modules_are_one_line_errors(tmp_path: Path) -> 
     cfg = base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, target_modules=["no_such_proj"]))
     with pytest.raises(TurnRLError, match=r"^lora.target_modules=\['no_such_proj'\]: "):
         run(tmp_path, cfg)
+
+
+def test_a_rerun_without_checkpoints_drops_the_old_summary_before_training(tmp_path: Path) -> None:
+    """``summary.json`` marks a finished run: a resume that has no checkpoint to resume from (they were
+    deleted) trains from scratch, so the old summary must not stay beside that run's partial output."""
+    cfg = base_cfg(max_steps=3)
+    run(tmp_path, cfg)
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(TurnRLError, match="non-finite loss at step 2"):
+        run(tmp_path, cfg, NaNAt(2), resume=True)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert not (tmp_path / "summary.json").exists()

@@ -567,6 +567,8 @@ class Trainer:
                     if ".tmp" in d.name:
                         shutil.rmtree(d, ignore_errors=True)
             self._truncate_metrics(int(state.get("global_step", 0)))
+            if int(state.get("global_step", 0)) < self.total_steps:  # this run is not finished: a
+                summary_path.unlink(missing_ok=True)  # stale summary would mark it so while it trains
         acc.wait_for_everyone()
         if ckpt is not None:
             acc.load_state(str(ckpt))

@@ -86,7 +86,8 @@ class PreferenceConfig(TrainConfig):
     :func:`~turnrl.agent.prompting.agent_view`) and a side's log-prob sums them."""
 
     value_ranges = {**TrainConfig.value_ranges, "beta": Range(0, lo_open=True), "sft_weight": Range(0),
-                    "label_smoothing": Range(0, 0.5, hi_open=True), "gamma": Range(0, 1, lo_open=True)}
+                    "label_smoothing": Range(0, 0.5, hi_open=True), "gamma": Range(0, 1, lo_open=True),
+                    "eta": Range(0, lo_open=True)}
 
 
 @dataclass
