@@ -14,9 +14,8 @@ import json
 from functools import partial
 from pathlib import Path
 
-from turnrl.config import load_config
 from turnrl.errors import TurnRLError, run_script
-from turnrl.pipelines.compare import CompareConfig, final_records, seed_run
+from turnrl.pipelines.compare import final_records, script_args, seed_run
 from turnrl.pipelines.eto import evaluate_model
 from turnrl.pipelines.iterative import run_stage
 from turnrl.pipelines.sppo import compare_config
@@ -32,15 +31,7 @@ def _avg(records: list[dict]) -> float:
 
 
 def main(argv: list[str]) -> None:
-    overrides = [a for a in argv if "=" in a]
-    rest = [a for a in argv if "=" not in a]
-    if len(rest) < 3:
-        raise ValueError("give CONFIG, OUT and at least one SEED")
-    config, out, seeds = rest[0], rest[1], rest[2:]
-    if not all(s.lstrip("-").isdigit() for s in seeds):
-        raise ValueError(f"SEED: not an integer in {seeds}")
-    seed_list = [int(s) for s in seeds]
-    cfg = load_config(CompareConfig, config, overrides + [f"out={out}"])
+    cfg, out, seed_list = script_args(argv)
     sampled = json.loads((Path(out) / "compare.json").read_text())["results"]
     last = {(r["method"], r["seed"]): r["avg_reward"] for r in final_records(sampled) if r["split"] == "seen"}
     rows: dict[str, dict[str, list[float]]] = {"sampled": {"sft": [], "sppo": []}, "greedy": {"sft": [], "sppo": []}}

@@ -21,11 +21,10 @@ import json
 from functools import partial
 from pathlib import Path
 
-from turnrl.config import load_config
 from turnrl.data.io import read_pairs, write_jsonl
 from turnrl.data.schema import Pair
 from turnrl.errors import TurnRLError, run_script
-from turnrl.pipelines.compare import CompareConfig, seed_run
+from turnrl.pipelines.compare import script_args, seed_run
 from turnrl.pipelines.eto import EtoConfig, evaluate_model, train_iteration
 from turnrl.pipelines.iterative import run_stage
 from turnrl.stats import mean_ci95
@@ -45,17 +44,10 @@ def _swap(src: Path, out: Path) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> None:
-    overrides = [a for a in argv if "=" in a]
-    rest = [a for a in argv if "=" not in a]
-    if len(rest) < 3:
-        raise ValueError("give CONFIG, OUT and at least one SEED")
-    config, out, seeds = rest[0], rest[1], rest[2:]
-    if not all(s.lstrip("-").isdigit() for s in seeds):
-        raise ValueError(f"SEED: not an integer in {seeds}")
-    cfg = load_config(CompareConfig, config, overrides + [f"out={out}"])
+    cfg, out, seeds = script_args(argv)
     rows: dict[str, list[float]] = {"sft": [], "eto": [], "swapped": []}
     sampled: dict[str, list[float]] = {"sft": [], "eto": [], "swapped": []}
-    for seed in (int(s) for s in seeds):
+    for seed in seeds:
         eto_dir = Path(out) / f"seed-{seed}" / "eto"
         if not (eto_dir / "iter-1" / "eval.json.done.json").is_file():
             raise TurnRLError(f"{eto_dir}/iter-1: unfinished; run the compare command for seed {seed} first")
