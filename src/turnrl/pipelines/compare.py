@@ -233,16 +233,17 @@ def _check(cfg: CompareConfig) -> None:
 def script_args(argv: list[str]) -> tuple[CompareConfig, str, list[int]]:
     """``CONFIG OUT SEED [SEED ...] [key=value ...]``, the arguments of a script that reads a
     ``turnrl compare`` run (CONFIG and the overrides as given to that command): its config, OUT and
-    the seeds. A bad argument is a one-line error."""
+    the seeds. A bad argument is a ``ValueError``, which :func:`turnrl.errors.run_script` shows in one
+    line with the script's usage."""
     from turnrl.config import load_config
 
     overrides = [a for a in argv if "=" in a]
     rest = [a for a in argv if "=" not in a]
     if len(rest) < 3:
-        raise TurnRLError("give CONFIG, OUT and at least one SEED")
+        raise ValueError("give CONFIG, OUT and at least one SEED")
     config, out, seeds = rest[0], rest[1], rest[2:]
     if not all(s.lstrip("-").isdigit() for s in seeds):
-        raise TurnRLError(f"SEED: not an integer in {seeds}")
+        raise ValueError(f"SEED: not an integer in {seeds}")
     return load_config(CompareConfig, config, [*overrides, f"out={out}"]), out, [int(s) for s in seeds]
 
 
