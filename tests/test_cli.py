@@ -149,3 +149,58 @@ def test_collect_and_eval_play_with_a_pipelines_prompt_rules(tmp_path: Path, cap
     code, _, err = run(["eval", "--env", "tictactoe", "--policy", "random", "--out", str(tmp_path / "e.json"),
                         "--invalid-action", "stop"], capsys)
     assert "unknown --invalid-action 'stop'" in one_line_error(code, err)
+
+
+def test_an_unknown_engine_is_refused_for_any_policy(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "e.json"
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", "expert", "--episodes", "1", "--out", str(out),
+                        "--engine", "vlm"], capsys)
+    assert "unknown engine 'vlm'" in one_line_error(code, err)
+    assert not out.exists()
+
+
+def test_eval_refuses_one_file_for_report_and_trajectories(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "e.json"
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", "expert", "--episodes", "1", "--out", str(out),
+                        "--trajectories", str(tmp_path / "." / "e.json")], capsys)  # one file for both
+    assert "--trajectories" in one_line_error(code, err) and not out.exists()
+
+
+def test_train_dpo_refuses_a_config_that_sets_another_loss(tmp_path: Path, capsys) -> None:
+    """The command names the loss; ``loss=ipo`` under ``turnrl train dpo`` was dropped silently."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("loss: dmpo\n")
+    for extra in (["loss=ipo"], ["--config", str(cfg)]):
+        code, _, err = run(["train", "dpo", "--model", "tiny", "--pairs", str(tmp_path / "p.jsonl"),
+                            "--out", str(tmp_path / "o"), *extra], capsys)
+        line = one_line_error(code, err)
+        assert code == 2 and "this command trains dpo" in line and "turnrl train" in line, line
+    assert not (tmp_path / "o").exists()
+
+
+def test_study_checks_its_docs_folder_first(tmp_path: Path, capsys) -> None:
+    docs = tmp_path / "docs"
+    docs.write_text("mine\n")
+    code, _, err = run(["study", "greedy", "--out", str(tmp_path / "g"), "--fast", "--report-only",
+                        "--docs", str(docs)], capsys)
+    assert "--docs" in one_line_error(code, err) and "is a file" in err
+    assert not (tmp_path / "g").exists() and docs.read_text() == "mine\n"
+
+
+def test_collect_leaves_a_file_that_is_not_its_own_whole(tmp_path: Path, capsys) -> None:
+    """Resuming drops a last line a kill cut short, but only once the file is known to be a collection:
+    another file's last line (no newline at its end) is not cut off."""
+    base = ["collect", "--env", "tictactoe", "--policy", "expert", "--episodes", "3"]
+    for name, content in (("notes.jsonl", b"hello\nworld"), ("pretty.json", b'{\n "a": 1\n}'),
+                          ("bin.jsonl", b"\xff\xfe\x00bad")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        code, _, err = run([*base, "--out", str(path)], capsys)
+        assert "not a trajectory file" in one_line_error(code, err)
+        assert path.read_bytes() == content
+    out = tmp_path / "r.jsonl"  # a collection killed while writing its third episode resumes
+    assert run([*base, "--out", str(out)], capsys)[0] == 0
+    data = out.read_bytes()
+    out.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 40])
+    code, stdout, _ = run([*base, "--out", str(out)], capsys)
+    assert code == 0 and out.read_bytes() == data

@@ -286,3 +286,58 @@ def test_scripts_report_bad_arguments_in_one_line(monkeypatch: pytest.MonkeyPatc
         assert e.value.code == expected
     run_script(main, "probe.py N", ["3"])
     assert seen[-1] == ["3"]
+
+
+def test_numbers_in_exponent_notation_are_floats(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``1e-5`` as a string; a ``dict`` setting (``env_opts``) kept it one, and the env
+    refused ``noise: 1e-1``. Overrides and config files read it as the number it is."""
+    from turnrl.config import parse_overrides, parse_value
+    from turnrl.pipelines.eto import EtoConfig
+
+    assert [parse_value(v) for v in ("1e-5", "2E4", "1.0e5", "-3e-1", "1e", "e5")] == [1e-5, 2e4, 1e5, -0.3, "1e", "e5"]
+    assert parse_overrides(["env_opts.noise=1e-1"]) == {"env_opts": {"noise": 0.1}}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env_opts: {opponent: noisy, noise: 1e-1}\n")
+    assert load_config(EtoConfig, cfg).env_opts == {"opponent": "noisy", "noise": 0.1}
+
+
+def test_a_nested_override_keeps_the_rest_of_its_sections_defaults(tmp_path: Path) -> None:
+    """``train.beta=0.2`` changes beta only: the pipeline's own default ``train`` settings (constant
+    schedule, batch 16, ...) stay instead of falling back to the trainer's class defaults."""
+    from turnrl.pipelines.compare import CompareConfig
+    from turnrl.pipelines.eto import EtoConfig
+
+    default = EtoConfig()
+    cfg = load_config(EtoConfig, None, ["train.beta=0.2", "sft.lr=1e-3"])
+    assert cfg.train == default.train.model_copy(update={"beta": 0.2})
+    assert cfg.sft == default.sft.model_copy(update={"lr": 1e-3})
+    file = tmp_path / "c.yaml"
+    file.write_text("pipeline:\n  train:\n    beta: 0.3\n")
+    nested = load_config(CompareConfig, file).pipeline.train
+    assert nested == CompareConfig().pipeline.train.model_copy(update={"beta": 0.3})
+
+
+def test_config_files_that_are_no_yaml_mapping_text_are_one_line(tmp_path: Path) -> None:
+    from turnrl.train.sft import SFTConfig
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"\xff\xfe\x00lr: 1\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml: not a UTF-8 text file"):
+        load_config(SFTConfig, cfg)
+    cfg.write_text("? [a, b]\n: 1\n")  # a list as a key
+    with pytest.raises(TurnRLError, match=r"c\.yaml:1: invalid YAML: found unhashable key"):
+        load_config(SFTConfig, cfg)
+
+
+def test_a_section_given_in_part_keeps_its_free_form_dicts_whole(tmp_path: Path) -> None:
+    """Filling a partly given section from its default completes nested model sections only: a
+    free-form dict given (env_opts) replaces the default's whole, so another env does not inherit
+    tic-tac-toe's options."""
+    from turnrl.pipelines.compare import CompareConfig
+
+    file = tmp_path / "c.yaml"
+    file.write_text("pipeline:\n  env: bandit\n  env_opts: {arms: 5}\n  train: {beta: 0.3}\n")
+    cfg = load_config(CompareConfig, file)
+    assert cfg.pipeline.env_opts == {"arms": 5}
+    assert cfg.pipeline.train == CompareConfig().pipeline.train.model_copy(update={"beta": 0.3})
+    assert cfg.pipeline.sft == CompareConfig().pipeline.sft

@@ -14,8 +14,8 @@ from typing import Any
 
 from turnrl import envs
 from turnrl.agent.prompting import PromptConfig
-from turnrl.data.io import JsonlWriter, iter_trajectories
-from turnrl.data.schema import Trajectory
+from turnrl.data.io import JsonlWriter, iter_jsonl, trajectory_from_dict
+from turnrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
 from turnrl.rollout.policies import Policy
@@ -87,10 +87,9 @@ def run_policy(
     src = source or ("expert" if policy.name == "expert" else "policy")
     done: dict[str, Trajectory] = {}
     if out is not None and Path(out).exists():
-        JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
-        for t in iter_trajectories(out):
-            done[t.id] = t
+        done = _read_episodes(Path(out))
         _check_resumable(Path(out), done, specs, env_name, policy, env_opts or {})
+        JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
         progress(len(specs) - len(todo))
@@ -126,6 +125,39 @@ def run_policy(
         sampler.close()
     by_id = {**done, **{t.id: t for t in new}}
     return [by_id[s.episode_id(env_name)] for s in specs]
+
+
+#: how every line :class:`JsonlWriter` writes for a trajectory starts
+_LINE_HEAD = json.dumps({"schema": TRAJECTORY_SCHEMA}, ensure_ascii=False)[:-1].encode()
+
+
+def _read_episodes(out: Path) -> dict[str, Trajectory]:
+    """The episodes already in ``out`` by id, read without changing the file. A last line without its
+    newline that is no JSON object is one a kill cut short (the writer drops it on opening): it is
+    skipped when it is the start of a trajectory line, and anything else is an error, so that a file
+    that is no collection of this tool's (whose last line the writer would cut off) is left whole."""
+    lines, last = 0, b""
+    with out.open("rb") as f:
+        for raw in f:
+            lines, last = lines + 1, raw
+    cut = bool(last) and not last.endswith(b"\n")
+    if cut:
+        try:
+            cut = not isinstance(json.loads(last.decode("utf-8")), dict)
+        except (UnicodeDecodeError, ValueError):
+            pass
+    if cut and not (last.startswith(_LINE_HEAD) or _LINE_HEAD.startswith(last)):
+        raise TurnRLError(f"{out}:{lines}: not a trajectory file of turnrl's (its last line is no episode); "
+                          "choose another --out or remove it")
+    done: dict[str, Trajectory] = {}
+    try:
+        for lineno, obj in iter_jsonl(out):
+            t = trajectory_from_dict(obj, f"{out}:{lineno}")
+            done[t.id] = t
+    except TurnRLError as e:
+        if not (cut and str(e).startswith(f"{out}:{lines}:")):
+            raise
+    return done
 
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,

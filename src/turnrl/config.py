@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -57,6 +58,19 @@ class Config(BaseModel):
         return v if allowed is None or v is None else allowed.check(v)
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader (YAML 1.1), but a number in exponent notation is a float with or
+    without a dot and a sign (``1e-5``, ``2e4``, ``1.0e5``), as in YAML 1.2, JSON and Python:
+    YAML 1.1 reads those as strings, which a ``dict`` / ``Any`` setting (``env_opts``) keeps."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?|[-+]?\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def parse_value(text: str) -> Any:
     """Parse an override's value as YAML (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list,
     ``{a: 1}`` -> dict, ``'a: b'`` -> str). Prose that YAML would read otherwise stays the text it
@@ -65,7 +79,7 @@ def parse_value(text: str) -> Any:
     if text == "":
         return ""
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         return text
     head = text.strip()[:1]
@@ -108,6 +122,34 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
             out[key] = merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+def _with_defaults(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each section that sets some keys of a field whose default is a model filled
+    in from that default: ``sft.lr=1e-3`` keeps the rest of the pipeline's own default ``sft``
+    settings instead of falling back to ``SFTConfig``'s class defaults."""
+    out = dict(data)
+    for key, value in data.items():
+        field = cls.model_fields.get(key) if isinstance(key, str) else None
+        if field is None or not isinstance(value, dict):
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            out[key] = _fill(default, value)
+    return out
+
+
+def _fill(default: BaseModel, value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` (a section's given keys) completed from ``default``: a key it leaves out takes the
+    default's value, a nested model section is completed the same way, and any other value given
+    (a free-form ``env_opts`` dict included) replaces the default's whole, so that ``env: bandit``
+    with its own ``env_opts`` does not inherit tic-tac-toe's."""
+    dumped = default.model_dump()
+    out = {k: v for k, v in dumped.items() if k not in value}
+    for key, v in value.items():
+        sub = getattr(default, key, None) if isinstance(key, str) and key in type(default).model_fields else None
+        out[key] = _fill(sub, v) if isinstance(sub, BaseModel) and isinstance(v, dict) else v
     return out
 
 
@@ -183,14 +225,16 @@ class _DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key set twice in one mapping is an error (PyYAML keeps the
+class _UniqueKeyLoader(_Loader):
+    """:class:`_Loader`, but a key set twice in one mapping is an error (PyYAML keeps the
     last value silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # a list or mapping as a key: PyYAML's own error ("found unhashable key")
             if key in seen:
                 raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key)
@@ -214,7 +258,12 @@ def load_config(
     if p is not None:
         if not p.is_file():
             raise TurnRLError(f"{p}: {'is a folder, not a config file' if p.is_dir() else 'config file not found'}")
-        text = p.read_text()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TurnRLError(f"{p}: not a UTF-8 text file (byte {e.start + 1}); a config is YAML text") from None
+        except OSError as e:
+            raise TurnRLError(f"{p}: cannot read the config file ({e.strerror or e})") from None
         try:
             loaded = yaml.load(text, Loader=_UniqueKeyLoader) or {}
         except _DuplicateKey as e:
@@ -230,7 +279,7 @@ def load_config(
     if extra:
         data = merge(data, extra)
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(_with_defaults(cls, data))
     except ValidationError as e:
         loc = tuple(e.errors()[0].get("loc", ()))
         source = _error_source(loc, overrides or [], p, text)

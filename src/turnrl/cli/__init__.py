@@ -237,6 +237,8 @@ def eval_cmd(
     from turnrl.train.core import atomic_write_json
 
     check_workers(workers, worker_backend)
+    if trajectories is not None and trajectories.resolve() == out.resolve():
+        raise TurnRLError(f"--trajectories {trajectories}: is the --out report too (the report would replace it)")
     prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
     results, all_trajs = [], []
@@ -292,9 +294,10 @@ def _preference_command(loss: str) -> None:
         from turnrl.config import load_config
         from turnrl.train.preference import PreferenceConfig, train_preference
 
-        cfg = load_config(PreferenceConfig, config, overrides)
-        if cfg.loss != loss:
-            cfg = cfg.model_copy(update={"loss": loss})
+        cfg = load_config(PreferenceConfig, config, overrides, base={"loss": loss})
+        if cfg.loss != loss:  # the command is the loss: another one set in the config would be ignored
+            raise TurnRLError(f"loss={cfg.loss} is set (--config or an override), but this command trains "
+                              f"{loss}; run 'turnrl train {cfg.loss}' or drop the key")
         result = train_preference(model, pairs, out, cfg, resume=resume, eval_data=eval_pairs)
         console.print(f"{loss.upper()} finished: {result.steps} steps, final loss {result.final_loss:.4f}; "
                       f"model in {result.model_dir}")

@@ -113,7 +113,14 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     ``thompson``, ``epsilon-greedy:eps=0.1``, ``greedy``), or a model directory / hub id / ``tiny``.
 
     Models generate with ``engine``: ``hf`` (transformers, any device) or ``vllm`` (GPU; the
-    optional extra; ``engine_opts`` go to :class:`~turnrl.rollout.vllm_engine.VLLMEngine`)."""
+    optional extra; ``engine_opts`` go to :class:`~turnrl.rollout.vllm_engine.VLLMEngine`).
+    An unknown ``engine`` is an error whatever the policy (a scripted one uses none)."""
+    from turnrl.rollout.vllm_engine import ENGINES
+
+    if engine not in ENGINES:
+        from turnrl.errors import unknown
+
+        raise unknown("engine", engine, ENGINES)
     if spec == "expert":
         return ExpertPolicy()
     if spec == "random":
@@ -127,12 +134,8 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     from turnrl.devices import default_device
     from turnrl.models.loading import load_model, load_tokenizer, model_fingerprint, resolve_model_path
     from turnrl.rollout.engine import HFEngine
-    from turnrl.rollout.vllm_engine import ENGINES, VLLMEngine, import_vllm
+    from turnrl.rollout.vllm_engine import VLLMEngine, import_vllm
 
-    if engine not in ENGINES:
-        from turnrl.errors import unknown
-
-        raise unknown("engine", engine, ENGINES)
     if engine == "vllm":
         import_vllm()  # a missing install fails before anything loads
     path = resolve_model_path(spec)
