@@ -108,3 +108,29 @@ def test_sft_by_hub_id_with_a_hub_model_config(hf_home: Path, tmp_path: Path) ->
     assert summary["train_config"]["mixed_precision"] == "bf16" and summary["train_config"]["lora"]["r"] == 16
     assert summary["run_config"]["model"] == HUB_ID
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model" / "config.json").is_file()
+
+
+def test_a_hub_ids_fingerprint_reads_its_cached_snapshot(hf_home: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    """A hub id is fingerprinted by the snapshot ``main`` points at, as the same folder would be: an
+    update under the same id (a new revision with other weights) is another model."""
+    probe = ("import sys; from turnrl.models.loading import model_fingerprint as f; "
+             "print(f(sys.argv[1]), f(sys.argv[2]), f('turnrl-test/not-cached'))")
+    home = tmp_path / "hf"
+    shutil.copytree(hf_home, home, symlinks=True)
+    repo = home / "hub" / ("models--" + HUB_ID.replace("/", "--"))
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", probe, HUB_ID, str(tiny_dir)], env=_offline_env(home),
+                             capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    by_id, by_dir, missing = run()
+    assert by_id == by_dir and missing != by_id
+    new = "f" * 40
+    shutil.copytree(repo / "snapshots" / COMMIT, repo / "snapshots" / new)
+    weights = next((repo / "snapshots" / new).glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # other weights under the same id
+    weights.write_bytes(bytes(data))
+    (repo / "refs" / "main").write_text(new)
+    assert run()[0] != by_id

@@ -41,17 +41,33 @@ _FINGERPRINT_BYTES = 1 << 16
 _FINGERPRINT_CHUNKS = 64
 
 
+def _hub_snapshot(name: str) -> Path | None:
+    """The hub-cache folder of ``name``'s current revision (where its ``config.json`` is), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id, or no hub library: no snapshot to read
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
 def model_fingerprint(path: str | Path) -> str:
     """A cheap fingerprint of a model directory: file names and sizes, small files whole, and of
     each weight file 64 KiB at each of 64 places spread from its start to its end (hashing a 7B
     checkpoint whole would take longer than the precomputation). A file's first bytes alone would
     not do: safetensors sorts tensors by name, so they hold the embeddings, which a LoRA
-    fine-tune leaves as they were."""
+    fine-tune leaves as they were. A hub id is fingerprinted by the snapshot of it in the hub cache
+    (the revision ``main`` points at), so an update under the same id is another model; an id not
+    in the cache by its name alone."""
     p = Path(path)
     h = hashlib.sha256()
     if not p.is_dir():
-        h.update(str(path).encode())
-        return h.hexdigest()[:16]
+        snapshot = _hub_snapshot(str(path))
+        if snapshot is None:
+            h.update(str(path).encode())
+            return h.hexdigest()[:16]
+        p = snapshot
     span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
         if not f.is_file() or f.name.startswith("."):
