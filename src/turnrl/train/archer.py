@@ -96,6 +96,7 @@ from turnrl.train.core import (
     Trainer,
     _make_accelerator,
     atomic_write_json,
+    atomic_write_text,
     config_hash,
     set_seed,
 )
@@ -798,8 +799,8 @@ class OnlineRun:
             self.load_checkpoint(ckpts[-1])
         metrics_path = self.out / "metrics.jsonl"
         self.history = [r for r in _read_jsonl(metrics_path) if int(r.get("iteration", 0)) <= self.iteration]
-        with open(metrics_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.history)
+        # the lines past the checkpoint go; atomically, so a kill now cannot lose the ones before it
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in self.history))
         if self.iteration == 0 and cfg.eval_every and not self.history:
             start = {"iteration": 0, "env_steps": 0, "episodes": 0, **self.evaluate()}
             self.history.append(start)
