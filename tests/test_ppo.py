@@ -872,3 +872,29 @@ def test_study_bandit_eval_does_not_credit_random_stand_ins_for_invalid_replies(
                       max_new_tokens=6, instruction="Pick an arm. Answer as: ACTION=<arm>")
     assert out["invalid"] == 1.0
     assert out["actions_pct"] == {"optimal": 0.0, "greedy": 0.0, "other": 100.0}
+
+
+def test_ppo_gae_values_every_turn_epsilon_greedy_ones_included(tiny_dir: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """GAE needs V(s_t) at every turn: an epsilon-greedy turn (not the model's tokens, not trained)
+    is still tokenized for its state's value instead of entering GAE with V = 0."""
+    from turnrl.train import ppo
+
+    passes: list[list[tuple[int, int, bool]]] = []
+    runner: dict[str, Any] = {}
+    orig = ppo.PPORunner._old_pass
+
+    def record(self: Any, episodes: Any, *, values: bool) -> None:
+        runner["it"] = self
+        passes.append([(s.episode, s.turn, s.trained) for eps in episodes for s in eps])
+        orig(self, episodes, values=values)
+
+    monkeypatch.setattr(ppo.PPORunner, "_old_pass", record)
+    train_ppo(str(tiny_dir), "bandit", tmp_path / "run", bandit_cfg(iterations=1, advantage="gae", epsilon=0.7))
+    (seen,) = passes
+    trajs = runner["it"].last_rollout
+    assert sorted((e, t) for e, t, _ in seen) == [(e, t) for e, tr in enumerate(trajs) for t in range(tr.num_turns)]
+    aid = {(e, t) for e, tr in enumerate(trajs) for t, m in enumerate(m for m in tr.messages if m.role == "assistant")
+           if not m.token_ids}
+    assert aid and {(e, t) for e, t, trained in seen if not trained} == aid
+    assert all(s.trained for eps in runner["it"].buffer.items for s in eps)  # only the model's turns train

@@ -75,7 +75,9 @@ Departures from the paper (and why):
   variance falls (a Rao-Blackwellised reward; exact for the plain policy gradient, close for
   PPO, whose clipping and standardised advantages are not linear in the rewards). It reads
   means the agent never sees, which only a simulator has.
-* epsilon-greedy turns are executed but not trained on (the model did not write them).
+* epsilon-greedy turns are executed but not trained on (the model did not write them); with
+  GAE their states still get the value head's estimate (before 28 Nov 2026 they entered GAE
+  with V = 0). A turn too long for ``max_length`` is neither trained nor valued (V = 0).
 * A reply cut by the thinking budget is trained with the template's end-of-turn token
   appended, which the model did not sample; its old log-prob is recomputed like the rest.
 * The value head is a plain linear layer on the policy's last hidden state (shared
@@ -201,6 +203,8 @@ class TurnSample:
     old_value: float = 0.0
     old_logps: torch.Tensor | None = None
     ref_logps: torch.Tensor | None = None
+    #: False for a turn the model did not write (epsilon-greedy): tokenized only for its state's value
+    trained: bool = True
 
     @property
     def tokens(self) -> int:
@@ -532,17 +536,18 @@ class PPORunner:
         trajs = self.play(self.plan(iteration, cfg.split, cfg.episodes_per_iter, group=cfg.group_size), policy)
         self.last_rollout = trajs
         rewards, rstats = shaped_rewards(trajs, cfg)
-        samples = [self._samples(i, t) for i, t in enumerate(trajs)]
+        needs_values = self.advantage == "gae"
+        # GAE needs V(s_t) at every turn, epsilon-greedy ones too: those are tokenized for it, not trained
+        samples = [self._samples(i, t, with_aids=needs_values) for i, t in enumerate(trajs)]
         # which turns train (a random subset per episode with turns_per_episode)
         rng = np.random.default_rng([cfg.seed, 7, iteration])
         chosen: list[list[TurnSample]] = []
-        for eps in samples:
+        for eps in ([s for s in e if s.trained] for e in samples):
             if cfg.turns_per_episode and len(eps) > cfg.turns_per_episode:
                 keep = sorted(rng.choice(len(eps), size=cfg.turns_per_episode, replace=False).tolist())
                 chosen.append([eps[k] for k in keep])
             else:
                 chosen.append(list(eps))
-        needs_values = self.advantage == "gae"
         with self.autocast():
             self._old_pass(samples if needs_values else chosen, values=needs_values)
         r, mask = _padded(rewards)
@@ -578,17 +583,20 @@ class PPORunner:
             out["coverage"] = float(np.mean([_coverage(t, self.cfg.env_opts, self.env_name) for t in trajs]))
         return out
 
-    def _samples(self, episode: int, traj: Trajectory) -> list[TurnSample]:
+    def _samples(self, episode: int, traj: Trajectory, *, with_aids: bool = False) -> list[TurnSample]:
+        """Each turn the model wrote as a sample to train; with ``with_aids``, also each aid-written
+        (epsilon-greedy) turn, untrained (``trained=False``), whose state's value GAE needs."""
         out = []
         turns = [m for m in traj.messages if m.role == "assistant"]
         for t, m in enumerate(turns):
-            if not m.token_ids:  # aid-written (epsilon-greedy): not the model's tokens
+            own = bool(m.token_ids)  # aid-written (epsilon-greedy) replies are not the model's tokens
+            if not own and not with_aids:
                 continue
             view, local = agent_view(traj.messages, t, self.cfg.history)
             enc = self.chat.encode(view, trainable_turns=[local], max_length=self.cfg.max_length)
             if enc is None or enc.num_turns == 0:
                 continue
-            out.append(TurnSample(enc, episode, t))
+            out.append(TurnSample(enc, episode, t, trained=own))
         return out
 
     def _chunks(self, samples: Sequence[TurnSample]) -> list[list[TurnSample]]:
