@@ -288,6 +288,11 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(truncate_ks=[-1]))
     with pytest.raises(TurnRLError, match=r"samples_per_task must be >= 2 \(got 1\)"):
         EtoConfig(self_play=True, samples_per_task=1).check()
+    # the pipeline's loss is what trains: another train.loss would be ignored
+    with pytest.raises(TurnRLError, match=r"^train\.loss=ipo is not used: this pipeline trains with loss=dpo; set "
+                                          r"loss=ipo instead$"):
+        load_config(EtoConfig, overrides=["train.loss=ipo"]).check()
+    load_config(EtoConfig, overrides=["loss=ipo", "train.loss=ipo"]).check()
     with pytest.raises(TurnRLError, match="set pipeline.data_seed too"):
         _check(CompareConfig(sft_seed=3))
     with pytest.raises(TurnRLError, match="set one of them"):

@@ -193,6 +193,9 @@ class EtoConfig(AgentPipelineConfig):
         self.check_common()
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
+        if self.train.loss not in ("dpo", self.loss):  # train_iteration trains with ``loss``: it would be ignored
+            raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}; "
+                              f"set loss={self.train.loss} instead")
         if self.self_play and self.samples_per_task < 2:
             raise TurnRLError(f"self_play pairs a task's own samples: samples_per_task must be >= 2 (got "
                               f"{self.samples_per_task})")
