@@ -63,6 +63,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import positive  # beside this script
+
 CONFIGS = ("turnrl", "trl-default", "trl-best")
 OPPONENT = {"opponent": "minimax"}
 
@@ -225,12 +227,12 @@ def worker(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=64)
+    ap.add_argument("--pairs", type=positive, default=64)
     ap.add_argument("--shots", type=int, default=1, help="expert example games in the system prompt")
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=positive, default=1)
     ap.add_argument("--quick", action="store_true", help="32 pairs, one repeat")
     ap.add_argument("--model", default=None, help="model directory (default: a freshly built tiny model)")
     ap.add_argument("--workdir", default=None)

@@ -18,7 +18,7 @@ import json
 import time
 
 import torch
-from _common import model_or_tiny  # beside this script
+from _common import model_or_tiny, positive  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -40,7 +40,7 @@ def measure(policy, episodes: int, num_envs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--episodes", type=positive, default=64)
     ap.add_argument("--num-envs", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--model", default=None, help="model directory (default: a freshly built tiny model)")

@@ -19,13 +19,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
+
+from turnrl.errors import TurnRLError
 
 DEFAULT_VARIANTS = ["dmpo-0.1-start", "dmpo-0.1-div", "dmpo-0.9-div", "dpo-start"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Run the study; bad input (a malformed pairs file, say) is a one-line error and exit code 2."""
+    try:
+        _main(argv)
+    except TurnRLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _main(argv: list[str] | None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, required=True, help="a finished `turnrl quickstart` output directory")
     ap.add_argument("--out", type=Path, required=True)
@@ -33,7 +46,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--episodes", type=int, default=200, help="seen-split evaluation games")
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, metavar="LOSS-GAMMA-FROM|dpo-start")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for path in (args.run / "sft" / "model", args.run / "iter-1" / "pairs.jsonl"):
         if not path.exists():
             ap.error(f"{path}: missing; --run must be a finished `turnrl quickstart` output directory")
@@ -85,4 +98,4 @@ def _parse(ap: argparse.ArgumentParser, v: str) -> tuple[str, str, float, str]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -81,7 +81,11 @@ def test_pool_shares_processes_and_a_dead_worker_fails_its_episodes() -> None:
 
 
 def test_pool_with_threaded_sampler_runs_more_envs_than_workers() -> None:
-    specs = plan_episodes(ProcessEnv("tictactoe"), "seen", 9, seed=2)
+    probe = ProcessEnv("tictactoe")
+    try:
+        specs = plan_episodes(probe, "seen", 9, seed=2)
+    finally:
+        probe.close()  # its worker process stops
     sampler = ThreadedSampler(worker_pool_factory("tictactoe", workers=2), RandomPolicy(), env_name="tictactoe",
                               num_envs=5)
     try:
@@ -100,3 +104,15 @@ def test_cli_collect_with_workers(tmp_path: Path) -> None:
               "--num-envs", "3", "--workers", str(workers)])
         outs.append(out.read_text())
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 6
+
+
+def test_cli_collect_progress_bar_goes_to_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The bar is on stderr (whose terminal decides whether it shows), never in stdout's output."""
+    monkeypatch.setenv("TURNRL_PROGRESS", "1")  # stderr is not a terminal under pytest: force the bar
+    out = tmp_path / "w.jsonl"
+    main(["collect", "--env", "shop", "--policy", "expert", "--out", str(out), "--episodes", "2", "--num-envs", "2"])
+    captured = capsys.readouterr()
+    assert "collect shop/train" in captured.err and "2/2" in captured.err
+    assert "collect shop/train" not in captured.out and "━" not in captured.out
+    assert "2 episodes in" in captured.out

@@ -37,3 +37,17 @@ def test_paired_by_game_table(tmp_path: Path, script, capsys: pytest.CaptureFixt
     assert line == (f"| eto γ = 1 (left out: seed-2) | 2 | 3 | +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | 2 / 1 / 0 |")
     assert script.main([str(out), "--row", "eto=nope.jsonl"]) == 2
     assert "no seed has both nope.jsonl and sft-eval-seen.jsonl" in capsys.readouterr().err
+
+
+def test_dmpo_divergence_bad_pairs_file_is_a_one_line_error(tmp_path: Path, load_script,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/dmpo_divergence.py on a run whose pairs file is malformed: ``file:line: what``, exit 2,
+    no traceback."""
+    dmpo = load_script("dmpo_divergence")
+    run = tmp_path / "run"
+    (run / "sft" / "model").mkdir(parents=True)
+    (run / "iter-1").mkdir()
+    (run / "iter-1" / "pairs.jsonl").write_text("not json\n")
+    assert dmpo.main(["--run", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'iter-1' / 'pairs.jsonl'}:1: invalid JSON") and len(err.splitlines()) == 1

@@ -1,4 +1,7 @@
-"""Progress bars for long work (rich); silent when output is not a terminal unless forced."""
+"""Progress bars for long work (rich), on stderr; silent when stderr is not a terminal unless forced.
+
+The bar is drawn on stderr, the stream whose terminal decides whether it shows: stdout stays the
+command's output (tables, JSON), whole when it is piped or redirected."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -36,7 +40,8 @@ def progress_bar(description: str, total: int | None) -> Iterator[Callable[[int]
         return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, transient=False) as bar:
+    # stderr, not rich's default stdout console; stdout written meanwhile is left where it goes
+    with Progress(*columns, console=Console(stderr=True), redirect_stdout=False, transient=False) as bar:
         task = bar.add_task(description, total=total)
 
         def advance(n: int = 1) -> None:
