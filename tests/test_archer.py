@@ -444,3 +444,32 @@ def test_actor_shared_prefix_gives_plain_packings_loss_and_gradients_with_fewer_
     assert m_s["kl"] > 1e-3
     for a, b in zip(g_s, g_p, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_first_token_pooling_keeps_the_first_token_of_a_state_cut_from_the_left() -> None:
+    """A state longer than max_tokens keeps its end (the newest observation); with first-token
+    pooling ([CLS] / <s>) that first token must stay, or the pooled vector reads an ordinary token."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from turnrl.train.critic import TextEncoder
+
+    class Tok:
+        pad_token_id = 0
+
+        def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+            return {"input_ids": [7] + [ord(c) for c in text]}  # 7: the [CLS] of this tokenizer
+
+    class Echo(torch.nn.Module):  # the hidden state of each position is its token id
+        def __init__(self) -> None:
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # where the encoder finds its device
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+            return SimpleNamespace(last_hidden_state=input_ids.unsqueeze(-1).float())
+
+    enc = TextEncoder(Echo(), Tok(), 1, "first")
+    assert enc(["abcdefgh", "ab"], max_tokens=4).flatten().tolist() == [7.0, 7.0]
+    last = TextEncoder(Echo(), Tok(), 1, "last")
+    assert last(["abcdefgh"], max_tokens=4).flatten().tolist() == [float(ord("h"))]

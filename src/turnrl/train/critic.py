@@ -89,7 +89,12 @@ class TextEncoder(nn.Module):
         rows = []
         for t in texts:
             ids = self.ids(t) or [self.pad_id]
-            rows.append(ids[-max_tokens:] if keep == "right" else ids[:max_tokens])
+            if keep == "left" or len(ids) <= max_tokens:
+                rows.append(ids[:max_tokens])
+            elif self.pooling == "first" and max_tokens > 1:  # first-token pooling reads [CLS]/<s>: keep it
+                rows.append(ids[:1] + ids[len(ids) - max_tokens + 1 :])
+            else:
+                rows.append(ids[-max_tokens:])
         width = max(len(r) for r in rows)
         device = self._device()
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
