@@ -149,7 +149,8 @@ def _overrides(items: list[str]) -> OnlineConfig:
 
 @pytest.mark.parametrize("algo", ["archer", pytest.param("chai", marks=pytest.mark.slow),
                                   pytest.param("filtered_bc", marks=pytest.mark.slow)])
-def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Path) -> None:
+def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
@@ -160,6 +161,8 @@ def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Pa
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert summary["iterations"] == 2 and summary["env_steps"] == rows[-1]["env_steps"] > 0
     assert [e["iteration"] for e in summary["eval"]] == [0, 2]
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    assert "Removed shared tensor" not in caplog.text  # the tied LM head is stored once, quietly
     before = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict()
     changed = max((before[k] - after[k]).abs().max().item() for k in before)

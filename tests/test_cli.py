@@ -204,3 +204,11 @@ def test_collect_leaves_a_file_that_is_not_its_own_whole(tmp_path: Path, capsys)
     out.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 40])
     code, stdout, _ = run([*base, "--out", str(out)], capsys)
     assert code == 0 and out.read_bytes() == data
+
+
+@pytest.mark.parametrize("command", ["collect", "eval"])
+def test_help_shows_the_ray_extra_in_brackets(command: str, capsys, monkeypatch) -> None:
+    """rich reads ``[ray]`` in a help text as a style tag and drops it unless escaped."""
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, _ = run([command, "--help"], capsys)
+    assert code == 0 and "pip install 'turnrl[ray]'" in out

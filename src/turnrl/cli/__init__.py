@@ -167,7 +167,7 @@ def _sampling_seeded(policy: Any, seed: int) -> Any:
 EngineOpt = Annotated[str, typer.Option(help="Generation engine for model policies: hf or vllm (GPU).")]
 WorkersOpt = Annotated[int, typer.Option(help="Run the envs in this many worker processes (0: in-process).")]
 WorkerBackendOpt = Annotated[str, typer.Option(
-    help="Where --workers run: process (local processes) or ray (Ray actors; pip install 'turnrl[ray]'; "
+    help="Where --workers run: process (local processes) or ray (Ray actors; pip install 'turnrl\\[ray]'; "
          "RAY_ADDRESS picks the cluster).")]
 
 

@@ -98,6 +98,7 @@ from turnrl.train.core import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
+    quiet_tied_weight_warning,
     set_seed,
 )
 from turnrl.train.critic import CriticConfig, DoubleCritic, build_critic, make_target, polyak_update
@@ -741,7 +742,8 @@ class OnlineRun:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         if self.accelerator._models:
-            self.accelerator.save_state(str(tmp / "state"))
+            with quiet_tied_weight_warning(*self.accelerator._models):  # the tied LM head is stored once, as in SFT
+                self.accelerator.save_state(str(tmp / "state"))
         self.replay.save(tmp / "replay.jsonl")
         torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
         atomic_write_json(tmp / "loop_state.json", {
