@@ -222,6 +222,17 @@ def test_a_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Path)
     shutil.rmtree(out / "checkpoints" / "iter-000002")
     with pytest.raises(Exception, match="config changed"):
         train_online("archer", str(tiny_dir), "tictactoe", out, cfg.model_copy(update={"gamma": 0.9}), resume=True)
+    # a checkpoint of an earlier version, which hashed the cadence too, resumes with the same settings
+    from turnrl.train.core import config_hash
+
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    state_file = old / "checkpoints" / "iter-000001" / "loop_state.json"
+    state = json.loads(state_file.read_text())
+    state["config_hash"] = config_hash(cfg.actor, {"algo": "archer", "model": str(tiny_dir), "env": "tictactoe",
+                                                   "online": cfg.model_dump(mode="json")})
+    state_file.write_text(json.dumps(state))
+    assert train_online("archer", str(tiny_dir), "tictactoe", old, cfg, resume=True)["iterations"] == 2
     done = train_online("archer", str(tiny_dir), "tictactoe", out,
                         cfg.model_copy(update={"save_every": 2, "keep_checkpoints": 3}), resume=True)
     assert done["iterations"] == 2

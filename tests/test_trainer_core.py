@@ -466,3 +466,16 @@ def test_a_rerun_without_checkpoints_drops_the_old_summary_before_training(tmp_p
         run(tmp_path, cfg, NaNAt(2), resume=True)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_checkpoint_hashed_the_way_of_an_earlier_version_resumes(tmp_path: Path) -> None:
+    """A caller that changes what it hashes passes the earlier form as ``legacy_run_configs``: checkpoints
+    written under it resume; a run config that is neither is still refused."""
+    cfg = base_cfg(save_every=2, max_steps=6)
+    with pytest.raises(TurnRLError, match="non-finite loss at step 4"):
+        run(tmp_path, cfg, NaNAt(4), run_config={"algo": "x", "cadence": 1})  # leaves step-000002
+    with pytest.raises(TurnRLError, match="config changed"):
+        run(tmp_path, cfg, resume=True, run_config={"algo": "x"})
+    _, res = run(tmp_path, cfg, resume=True, run_config={"algo": "x"},
+                 legacy_run_configs=[{"algo": "x", "cadence": 1}])
+    assert res.steps == 6 and [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))

@@ -495,6 +495,7 @@ class OnlineRun:
         cadence = ("save_every", "keep_checkpoints")
         self.config_hash = config_hash(cfg.actor, {**self.run_config, "online": {
             k: v for k, v in online.items() if k not in cadence}})
+        self.legacy_hash = config_hash(cfg.actor, self.run_config)  # before 28 Nov 2026: cadence hashed too
         self.rng = np.random.default_rng([cfg.seed, 7])
         uses_critic = algo in ("archer", "chai")
         uses_actor_trainer = algo in ("archer", "filtered_bc")
@@ -761,7 +762,7 @@ class OnlineRun:
 
     def load_checkpoint(self, ckpt: Path) -> None:
         state = json.loads((ckpt / "loop_state.json").read_text())
-        if state.get("config_hash") != self.config_hash:
+        if state.get("config_hash") not in (self.config_hash, self.legacy_hash):
             raise TurnRLError(f"{ckpt}: the config changed since this checkpoint was written; resume with the "
                               "same config or choose another --out")
         if (ckpt / "state").is_dir():

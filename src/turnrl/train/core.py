@@ -400,7 +400,8 @@ class Trainer:
 
     ``run_config`` is everything besides ``cfg`` that determines the result (model path,
     data files, algorithm settings); it is hashed so that a resume with a different config
-    is refused, and written to ``summary.json``.
+    is refused, and written to ``summary.json``. ``legacy_run_configs`` are the same run's
+    config as earlier turnrl versions hashed it: their checkpoints resume too.
     """
 
     def __init__(
@@ -417,6 +418,7 @@ class Trainer:
         run_config: dict[str, Any] | None = None,
         before_step: Callable[[int], dict[str, float] | None] | None = None,
         save_apart: Sequence[str] = (),
+        legacy_run_configs: Sequence[dict[str, Any]] = (),
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
@@ -435,6 +437,7 @@ class Trainer:
         self.before_step = before_step
         self.save_apart = tuple(save_apart)
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)})
+        self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}) for rc in legacy_run_configs}
         self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
         acc = self.accelerator
         if str(acc.distributed_type).endswith("DEEPSPEED") and cfg.grad_accum != 1:
@@ -548,7 +551,7 @@ class Trainer:
         state: dict[str, Any] = {}
         if ckpt is not None:
             state = json.loads((ckpt / TRAINER_STATE).read_text())
-            if state.get("config_hash") != self.config_hash:
+            if state.get("config_hash") != self.config_hash and state.get("config_hash") not in self.legacy_hashes:
                 raise TurnRLError(
                     f"{ckpt}: the config changed since this checkpoint was written "
                     f"(hash {state.get('config_hash')} != {self.config_hash}); "

@@ -751,7 +751,9 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
         objective.ref = runner.ref_logprobs
     run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,  # hashed: without
                   "ppo": {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT}}  # cadence
+    legacy = {**run_config, "ppo": cfg.model_dump(mode="json")}  # before 28 Nov 2026 the cadence was hashed too
     trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
+                      legacy_run_configs=[legacy],
                       before_step=runner.before_step, save_apart=("value_head",) if kind == "gae" else (),
                       eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
     runner.trainer = trainer

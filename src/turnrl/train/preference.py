@@ -417,9 +417,13 @@ def train_preference(
     acc = _make_accelerator(cfg.mixed_precision)
 
     ref_name = cfg.ref_model or model_name
-    ref_fp = model_fingerprint(resolve_model_path(ref_name))
+    ref_path = resolve_model_path(ref_name)
+    ref_fp = model_fingerprint(ref_path)
+    # before 28 Nov 2026 a hub id was fingerprinted by its name: runs checkpointed then still resume
+    legacy_fp = None if Path(ref_path).is_dir() else hashlib.sha256(str(ref_path).encode()).hexdigest()[:16]
     if cfg.ref_model is not None:  # the units are the policy's tokens: its tokenizer is part of the key
         ref_fp += "/" + _tokenizer_fingerprint(tok)
+        legacy_fp = None if legacy_fp is None else legacy_fp + "/" + _tokenizer_fingerprint(tok)
     ref: Any = None
     for group, path in ((units, Path(data)), (held_out, Path(eval_data) if eval_data else None)):
         if not group or path is None:
@@ -444,8 +448,9 @@ def train_preference(
     run_config = {"algo": cfg.loss, "model": str(model_name), "data": file_hash(data), "ref": ref_fp,
                   "eval_data": file_hash(eval_data) if eval_data else None}
     out = Path(out)
+    legacy = [] if legacy_fp is None or legacy_fp == ref_fp else [{**run_config, "ref": legacy_fp}]
     trainer = Trainer(model, cfg, out, units, PreferenceObjective(cfg, pad_id), tokenizer=tok, eval_fn=eval_fn,
-                      accelerator=acc, run_config=run_config)
+                      accelerator=acc, run_config=run_config, legacy_run_configs=legacy)
     trainer.check_out(resume)  # before anything is written there
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
