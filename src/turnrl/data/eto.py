@@ -36,12 +36,11 @@ of the item goes to ``meta``, together with ``meta["eto_index"]`` (the item's po
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from turnrl.data.io import PathLike, iter_jsonl, write_jsonl
+from turnrl.data.io import PathLike, is_finite_number, iter_jsonl, write_jsonl
 from turnrl.data.schema import SOURCES, Message, Role, Trajectory
 from turnrl.errors import TurnRLError
 
@@ -69,11 +68,7 @@ def _reward(item: dict[str, Any], where: str) -> float | None:
         return None
     if isinstance(value, bool):
         return float(value)
-    try:
-        finite = isinstance(value, int | float) and math.isfinite(value)
-    except OverflowError:  # an integer too large for a float
-        finite = False
-    if not finite:
+    if not is_finite_number(value):  # an integer too large for a float is not
         raise TurnRLError(f"{where}: '{key}' is not a number (got {_show(value)})")
     return float(value)
 

@@ -87,7 +87,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_finite_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
     """A number that is a finite float (an integer too large for a float is not)."""
     try:
         return _is_number(value) and math.isfinite(value)
@@ -136,7 +136,7 @@ def _get_bool(d: Mapping[str, Any], key: str, where: str, prefix: str, default: 
 
 def _get_number(d: Mapping[str, Any], key: str, where: str, prefix: str, default: float) -> float:
     value = d.get(key, default)
-    if not _is_finite_number(value):
+    if not is_finite_number(value):
         _fail(where, f"'{_qual(prefix, key)}' is not a number (got {_show(value)})")
     return float(value)
 
@@ -147,7 +147,7 @@ def _number_list(value: Any, what: str, where: str, *, integers: bool = False) -
         _fail(where, f"{what} must be a list of {kind} (got {_show(value)})")
     for i, x in enumerate(value):
         ok = (
-            isinstance(x, int) and not isinstance(x, bool) if integers else _is_finite_number(x)
+            isinstance(x, int) and not isinstance(x, bool) if integers else is_finite_number(x)
         )
         if not ok:
             _fail(where, f"{what} must be a list of {kind} (item {i} is {_show(x)})")

@@ -52,6 +52,12 @@ def _hub_snapshot(name: str) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
+def name_fingerprint(name: str | Path) -> str:
+    """The fingerprint of a model known only by its name (a hub id not in the cache; before 28 Nov
+    2026, every hub id)."""
+    return hashlib.sha256(str(name).encode()).hexdigest()[:16]
+
+
 def model_fingerprint(path: str | Path) -> str:
     """A cheap fingerprint of a model directory: file names and sizes, small files whole, and of
     each weight file 64 KiB at each of 64 places spread from its start to its end (hashing a 7B
@@ -61,13 +67,12 @@ def model_fingerprint(path: str | Path) -> str:
     (the revision ``main`` points at), so an update under the same id is another model; an id not
     in the cache by its name alone."""
     p = Path(path)
-    h = hashlib.sha256()
     if not p.is_dir():
         snapshot = _hub_snapshot(str(path))
         if snapshot is None:
-            h.update(str(path).encode())
-            return h.hexdigest()[:16]
+            return name_fingerprint(path)
         p = snapshot
+    h = hashlib.sha256()
     span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
         if not f.is_file() or f.name.startswith("."):

@@ -401,6 +401,7 @@ def train_preference(
         load_model,
         load_tokenizer,
         model_fingerprint,
+        name_fingerprint,
         resolve_model_path,
         training_dtype,
     )
@@ -418,12 +419,11 @@ def train_preference(
 
     ref_name = cfg.ref_model or model_name
     ref_path = resolve_model_path(ref_name)
-    ref_fp = model_fingerprint(ref_path)
+    # the units are the policy's tokens: with another reference model its tokenizer is part of the key
+    tok_key = "" if cfg.ref_model is None else "/" + _tokenizer_fingerprint(tok)
+    ref_fp = model_fingerprint(ref_path) + tok_key
     # before 28 Nov 2026 a hub id was fingerprinted by its name: runs checkpointed then still resume
-    legacy_fp = None if Path(ref_path).is_dir() else hashlib.sha256(str(ref_path).encode()).hexdigest()[:16]
-    if cfg.ref_model is not None:  # the units are the policy's tokens: its tokenizer is part of the key
-        ref_fp += "/" + _tokenizer_fingerprint(tok)
-        legacy_fp = None if legacy_fp is None else legacy_fp + "/" + _tokenizer_fingerprint(tok)
+    legacy_fp = None if Path(ref_path).is_dir() else name_fingerprint(ref_path) + tok_key
     ref: Any = None
     for group, path in ((units, Path(data)), (held_out, Path(eval_data) if eval_data else None)):
         if not group or path is None:
