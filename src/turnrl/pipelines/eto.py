@@ -67,9 +67,9 @@ __all__ = [
     "prepare_base",
     "rft",
     "rollout_stats",
-    "step_plan",
     "run_iteration",
     "run_pipeline",
+    "step_plan",
     "train_iteration",
 ]
 
