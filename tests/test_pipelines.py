@@ -286,6 +286,13 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(dmpo_gammas=[0.0]))
     with pytest.raises(TurnRLError, match=r"truncate_ks: .*k >= 0 \(got -1\)"):
         _check(CompareConfig(truncate_ks=[-1]))
+    with pytest.raises(TurnRLError, match=r"^dmpo_iterations must be >= 1 \(got 0\)$"):
+        _check(CompareConfig(dmpo_iterations=0))
+    with pytest.raises(TurnRLError, match=r"^dmpo_iterations=3: the DPO row is ETO's iteration of that number, and "
+                                          r"ETO runs pipeline.iterations=2; raise pipeline.iterations"):
+        _check(CompareConfig(dmpo_iterations=3))
+    _check(CompareConfig(dmpo_iterations=3, dpo_from_eto=False))
+    _check(CompareConfig(dmpo_iterations=2))
     with pytest.raises(TurnRLError, match=r"samples_per_task must be >= 2 \(got 1\)"):
         EtoConfig(self_play=True, samples_per_task=1).check()
     # the pipeline's loss is what trains: another train.loss would be ignored
@@ -399,7 +406,13 @@ def test_paired_by_unit_hand_computed() -> None:
 
 
 def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
-    from turnrl.pipelines.compare import CompareConfig, aggregate, iteration_rows, verdicts
+    from turnrl.pipelines.compare import (
+        CompareConfig,
+        _with_dmpo_iteration,
+        aggregate,
+        iteration_rows,
+        verdicts,
+    )
     from turnrl.stats import mean_ci95
 
     recs = [_rec("sft", s, "seen", r) for s, r in enumerate([0.1, 0.2, 0.15])]
@@ -436,13 +449,22 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     assert next(r for r in partial if r["method"] == "eto")["vs_sft"]["seeds"] == 2
     assert any(line.startswith("- sppo vs sppo_dpo") and "not separated" in line for line in v)
     # DMPO without its DPO baseline (ETO's first iteration, not run) says so instead of dropping the claim
-    dm = aggregate(recs + [_rec("dmpo-g0.1-noisy", s, "seen", 0.3, iteration=1) for s in range(3)])
+    dm_recs = recs + [_rec("dmpo-g0.1-noisy", s, "seen", 0.3, iteration=1) for s in range(3)]
+    dm = aggregate(dm_recs)
     lone = verdicts(CompareConfig(methods=["sft", "dmpo"], dmpo_gammas=[0.1]),
                     [r for r in dm if r["method"] != "eto"])
     assert "- noisy losers, seen: DMPO gamma=0.1 has no DPO row to compare with (the DPO baseline is ETO's " \
-           "first iteration, dpo_from_eto: run eto too)" in lone
-    both = verdicts(CompareConfig(methods=["sft", "eto", "dmpo"], dmpo_gammas=[0.1]), dm)
-    assert any(line.startswith("- noisy losers, seen: DMPO gamma=0.1 0.300") for line in both)
+           "iteration 1, dpo_from_eto: run eto too)" in lone
+    cfg1 = CompareConfig(methods=["sft", "eto", "dmpo"], dmpo_gammas=[0.1])
+    both = verdicts(cfg1, _with_dmpo_iteration(cfg1, dm, dm_recs))
+    assert any(line.startswith("- noisy losers, seen: DMPO gamma=0.1 0.300") and "vs DPO 0.000" in line
+               and "DMPO at least as good" in line for line in both)
+    # with dmpo_iterations=2 DMPO's DPO row is ETO's iteration 2 (0.65), not its first (0.0)
+    dm2_recs = recs + [_rec("dmpo-g0.1-noisy", s, "seen", 0.3, iteration=i) for s in range(3) for i in (1, 2)]
+    cfg2 = CompareConfig(methods=["sft", "eto", "dmpo"], dmpo_gammas=[0.1], dmpo_iterations=2)
+    two = verdicts(cfg2, _with_dmpo_iteration(cfg2, aggregate(dm2_recs), dm2_recs))
+    assert any(line.startswith("- noisy losers, seen: DMPO gamma=0.1 0.300") and "vs DPO 0.650" in line
+               and "DPO higher" in line for line in two)
 
 
 def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:
@@ -729,3 +751,137 @@ def test_step_plan_replays_the_experts_prefix_for_one_or_every_turn(turns: str) 
     if turns == "random":  # the plan of runs made before step_turns: task j's episode is len(specs) + j
         index_of = {s.task_id: s.index for s in specs}
         assert all(s.index == len(specs) + index_of[s.task_id] for s in plan)
+
+
+class _FixedCells:
+    """A scripted agent that plays cell 4t mod 9 at turn t, occupied or not (an invalid move then gets a
+    random legal one), with made-up token ids and log-probs; it draws nothing from the episode's rng."""
+
+    name = "fixed-cells"
+
+    def act(self, requests: Any) -> list[Any]:
+        from turnrl.agent.prompting import format_turn
+        from turnrl.rollout.policies import Reply
+
+        return [Reply(format_turn("my cell", str(4 * r.turn % 9)), [100 + r.turn, 7], [-0.5, -0.25]) for r in requests]
+
+
+def _takeover_setup(tmp_path: Path, losers: str = "noisy") -> tuple[Any, list[Any], list[Any], list[Any]]:
+    from turnrl.collect import run_policy
+    from turnrl.data.io import read_trajectories
+    from turnrl.pipelines.eto import EtoConfig, _train_specs, takeover
+    from turnrl.rollout import ExpertPolicy
+
+    cfg = EtoConfig(expert_episodes=30, pairs="takeover", losers=losers).check()
+    specs = _train_specs(cfg)
+    experts = run_policy(ExpertPolicy(), cfg.env, specs=specs, env_opts=cfg.env_opts, prompt=cfg.prompt())
+    explored = run_policy(_FixedCells(), cfg.env, specs=specs, env_opts=cfg.env_opts, prompt=cfg.prompt())
+    stats = takeover(cfg, explored, tmp_path / "takeover.jsonl")
+    takeovers = read_trajectories(tmp_path / "takeover.jsonl")
+    assert stats["episodes"] == len(takeovers) == sum(x.num_turns - 1 for x in explored if not x.success) > 0
+    return cfg, experts, explored, takeovers
+
+
+def test_takeover_replays_the_agents_own_game_then_the_expert_plays_on(tmp_path: Path) -> None:
+    """Each lost game is replayed for its first t turns, t = 1..T-1 (sampled ids, log-probs, the
+    random move played for an invalid one, the observations: the same game), then the expert plays."""
+    _, _, explored, takeovers = _takeover_setup(tmp_path)
+    game = {(x.task_id, x.meta["seed"]): x for x in explored}
+    assert any(m.valid is False for x in explored for m in x.messages)  # replays cover invalid moves
+    seen: dict[tuple[str, int], list[int]] = {}
+    for y in takeovers:
+        x, t = game[(y.task_id, y.meta["seed"])], y.meta["replayed_turns"]
+        seen.setdefault((y.task_id, y.meta["seed"]), []).append(t)
+        upto = [i for i, m in enumerate(x.messages) if m.role == "assistant"][t]  # agent turn t
+        assert y.messages[:upto] == x.messages[:upto]  # the same game, up to turn t's observation
+        assert y.messages[upto].token_ids is None and y.messages[upto].valid  # the expert's turn
+    assert all(sorted(ts) == list(range(1, game[k].num_turns)) for k, ts in seen.items())
+
+
+def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_path: Path) -> None:
+    from turnrl.data.pairs import takeover_pairs
+
+    _, experts, explored, takeovers = _takeover_setup(tmp_path)
+    stats: dict[str, int] = {}
+    pairs = takeover_pairs(experts, explored, takeovers, stats=stats)
+    assert pairs and stats["pairs"] == len(pairs) and "prefix_mismatch" not in stats
+    of_game: dict[tuple[str, int], list[Any]] = {}
+    for y in takeovers:
+        of_game.setdefault((y.task_id, y.meta["seed"]), []).append(y)
+    expert_of = {e.task_id: e for e in experts}
+    for p in pairs:
+        x, t = p.rejected, p.meta["train_from_turn"]
+        assert p.meta["kind"] == "takeover" and p.chosen.return_ > x.return_
+        assert p.meta["diverge_turn"] == t  # the first trained turn of both sides has the same context
+        later = [y for y in of_game[(x.task_id, x.meta["seed"])] if y.meta["replayed_turns"] > t]
+        assert all(y.return_ <= x.return_ for y in later)
+        if t == 0:  # no takeover did better: the expert's own game, as in a trajectory pair
+            assert p.chosen is expert_of[x.task_id]
+        else:
+            assert p.chosen.meta["replayed_turns"] == t and p.chosen.actions[t] != x.actions[t]
+    # a takeover whose replayed prefix is not the game's is not paired with it
+    forged = [y for y in takeovers if y.meta["replayed_turns"] == 1]
+    for y in forged:
+        y.messages[1].content += " (edited)"
+    stats = {}
+    assert len(takeover_pairs(experts, explored, forged, stats=stats)) <= len(pairs)
+    assert stats["prefix_mismatch"] == len(forged)
+
+
+def test_takeover_pairs_clean_drops_losers_with_invalid_moves(tmp_path: Path) -> None:
+    from turnrl.data.pairs import takeover_pairs
+
+    _, experts, explored, takeovers = _takeover_setup(tmp_path, losers="clean")
+    stats: dict[str, int] = {}
+    pairs = takeover_pairs(experts, explored, takeovers, losers="clean", stats=stats)
+    noisy = takeover_pairs(experts, explored, takeovers, losers="noisy")
+    assert stats.get("dropped_invalid_action", 0) > 0
+    assert len(pairs) == len(noisy) - stats["dropped_invalid_action"]
+    assert all(m.valid is not False for p in pairs for m in p.rejected.messages)
+
+
+def test_takeover_iteration_writes_its_stage_and_pairs_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pairs=takeover``: iteration i explores, writes OUT/iter-i/takeover.jsonl (a done stage), pairs
+    from it and trains on them; another pair strategy writes no takeover stage."""
+    from turnrl.collect import run_policy
+    from turnrl.data.io import read_pairs
+    from turnrl.pipelines import eto
+    from turnrl.rollout import ExpertPolicy
+
+    trained: list[Path] = []
+    monkeypatch.setattr(eto, "_policy", lambda model, cfg, temperature: _FixedCells())
+    monkeypatch.setattr(eto, "train_pairs", lambda cfg, model, pairs, out, i: trained.append(pairs) or "new")
+    monkeypatch.setattr(eto, "evaluate_model", lambda cfg, model, out, label: [])
+    for pairs in ("takeover", "trajectory"):
+        cfg = eto.EtoConfig(expert_episodes=12, pairs=pairs).check()
+        expert = tmp_path / pairs / "expert.jsonl"
+        run_policy(ExpertPolicy(), cfg.env, specs=eto._train_specs(cfg), env_opts=cfg.env_opts, prompt=cfg.prompt(),
+                   out=expert)
+        new, _, stats = eto.run_iteration(cfg, tmp_path / pairs, 1, "sft", expert)
+        it = tmp_path / pairs / "iter-1"
+        assert new == "new" and trained[-1] == it / "pairs.jsonl" and stats["pairs"] > 0
+        kinds = {p.meta["kind"] for p in read_pairs(it / "pairs.jsonl")}
+        assert kinds == ({"takeover"} if pairs == "takeover" else {"trajectory"})
+        assert is_done(it / "takeover.jsonl") == (pairs == "takeover")
+
+
+def test_cli_pairs_takeover_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``turnrl pairs --mode takeover --takeovers F`` writes the pairs takeover_pairs builds; without
+    ``--takeovers`` it is a one-line error."""
+    from test_cli import one_line_error, run
+
+    from turnrl.data.io import read_pairs, write_jsonl
+    from turnrl.data.pairs import takeover_pairs
+
+    _, experts, explored, takeovers = _takeover_setup(tmp_path)
+    for name, trajs in (("e", experts), ("x", explored)):
+        write_jsonl(tmp_path / f"{name}.jsonl", trajs)
+    files = ["--expert", str(tmp_path / "e.jsonl"), "--explored", str(tmp_path / "x.jsonl"), "--mode", "takeover"]
+    code, out, _ = run(["pairs", *files, "--takeovers", str(tmp_path / "takeover.jsonl"), "--out",
+                        str(tmp_path / "p.jsonl")], capsys)
+    assert code == 0 and "pairs" in out
+    want = takeover_pairs(experts, explored, takeovers)
+    got = read_pairs(tmp_path / "p.jsonl")
+    assert [p.meta for p in got] == [p.meta for p in want] and len(got) > 0
+    code, _, err = run(["pairs", *files, "--out", str(tmp_path / "q.jsonl")], capsys)
+    assert "--takeovers" in one_line_error(code, err)

@@ -318,17 +318,20 @@ def pairs(
     out: Annotated[Path, typer.Option(help="Output JSONL.", callback=out_file)],
     explored: Annotated[list[Path], typer.Option(help="Explored (agent) trajectories (repeatable).")],
     expert: Annotated[list[Path] | None, typer.Option(help="Expert trajectories (repeatable).")] = None,
-    mode: Annotated[str, typer.Option(help="trajectory, step, mixed or self-play.")] = "trajectory",
+    mode: Annotated[str, typer.Option(help="trajectory, step, mixed, takeover or self-play.")] = "trajectory",
+    takeovers: Annotated[list[Path] | None, typer.Option(
+        help="For --mode takeover: the expert's takeovers of the explored games (turnrl eto's "
+             "iter-i/takeover.jsonl; repeatable).")] = None,
     losers: Annotated[str, typer.Option(help="clean (drop degenerate losers) or noisy (keep them).")] = "noisy",
     truncate_k: Annotated[int | None, typer.Option(min=0, help="Cut losers to the winner's turns + K.")] = None,
     scored: Annotated[bool, typer.Option(help="Write SPPO scored samples instead of pairs.")] = False,
     tau: Annotated[float, typer.Option(help="Reward-oracle temperature for --scored.")] = 1.0,
 ) -> None:
-    """Build preference pairs (ETO, step-wise, self-play) or SPPO scored samples."""
+    """Build preference pairs (ETO, step-wise, takeover, self-play) or SPPO scored samples."""
     from turnrl.data import pairs as P
     from turnrl.data.io import read_trajectories, write_jsonl
 
-    modes = ("trajectory", "step", "mixed", "self-play")
+    modes = ("trajectory", "step", "mixed", "takeover", "self-play")
     if mode not in modes:
         from turnrl.errors import unknown
 
@@ -354,6 +357,11 @@ def pairs(
                                           truncate_k=truncate_k, stats=stats)
         if mode in ("step", "mixed"):
             records += P.step_pairs(experts, explored_trajs, losers=losers, stats=stats)  # type: ignore[arg-type]
+        if mode == "takeover":
+            if not takeovers:
+                raise TurnRLError("--mode takeover needs --takeovers (turnrl eto's iter-i/takeover.jsonl)")
+            records += P.takeover_pairs(experts, explored_trajs, [t for f in takeovers for t in read_trajectories(f)],
+                                        losers=losers, stats=stats)  # type: ignore[arg-type]
     write_jsonl(out, records)
     what = "scored samples" if scored else "pairs"
     extra = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "pairs")

@@ -10,6 +10,14 @@ All builders are pure functions of trajectories; ``turnrl pairs`` reads and writ
   is compared with the expert trajectory of the same task by final return; the pair is the
   expert's action at turn ``t`` against the agent's, after the shared prefix. Both sides are
   cut after turn ``t`` and only turn ``t`` is trained (``meta["train_from_turn"] = t``).
+* :func:`takeover_pairs` -- the expert takes over the agent's own game (a departure from ETO,
+  whose expert games start from the task's start): an explored game is replayed for its first
+  ``t`` turns and the expert plays on (``meta["replayed_turns"] = t``, see
+  ``EpisodeSpec.replay``). The latest ``t`` whose takeover returns more than the agent's game is
+  where the agent went wrong: the pair is that takeover against the agent's game, both whole,
+  trained from turn ``t`` (``meta["train_from_turn"] = t``), so the first trained turn of both
+  sides has the same context. With no such ``t`` >= 1 the expert's own game (``t`` = 0) is
+  the winner when it returns more, as in a trajectory pair.
 * :func:`self_play_pairs` -- no expert: the best against the worst of a task's own samples
   when their returns differ ("clean": the worst of those that are not degenerate).
 * :func:`scored_samples` -- SPPO: every sample with its win rate against the K samples of its
@@ -47,6 +55,7 @@ __all__ = [
     "scored_samples",
     "self_play_pairs",
     "step_pairs",
+    "takeover_pairs",
     "trajectory_pairs",
     "truncate_turns",
 ]
@@ -201,6 +210,48 @@ def step_pairs(
         pairs.append(Pair(x.task_id, truncate_turns(win, t + 1), truncate_turns(lose, t + 1), {
             "kind": "step", "train_from_turn": t, "chosen_return": win.return_,
             "rejected_return": lose.return_, "losers": losers}))
+    stats["pairs"] = stats.get("pairs", 0) + len(pairs)
+    return pairs
+
+
+def takeover_pairs(
+    experts: Sequence[Trajectory],
+    explored: Sequence[Trajectory],
+    takeovers: Sequence[Trajectory],
+    *,
+    losers: LoserSetting = "noisy",
+    stats: dict[str, int] | None = None,
+) -> list[Pair]:
+    """Takeover pairs (see the module docstring). A takeover belongs to the explored game of the
+    same task and env seed whose first ``replayed_turns`` turns it holds."""
+    stats = stats if stats is not None else {}
+    expert_of = {t.task_id: t for t in experts}
+    by_game: dict[tuple[str, object], list[Trajectory]] = defaultdict(list)
+    for y in takeovers:
+        by_game[(y.task_id, y.meta.get("seed"))].append(y)
+    pairs: list[Pair] = []
+    for x in explored:
+        if x.meta.get("expert_turns") or x.meta.get("replayed_turns"):
+            continue
+        e = expert_of.get(x.task_id)
+        candidates = [(0, e)] if e is not None and e.meta.get("seed") == x.meta.get("seed") else []
+        for y in by_game.get((x.task_id, x.meta.get("seed")), []):
+            t = int(y.meta.get("replayed_turns", 0) or 0)
+            if 0 < t < x.num_turns and _prefix_matches(x, y, t) and y.num_turns > t:
+                candidates.append((t, y))
+            else:
+                stats["prefix_mismatch"] = stats.get("prefix_mismatch", 0) + 1
+        better = [(t, y) for t, y in candidates if y.return_ > x.return_]
+        if not better:
+            stats["no_better_takeover"] = stats.get("no_better_takeover", 0) + 1
+            continue
+        t, win = max(better, key=lambda c: c[0])
+        if not _keep_loser(x, losers, stats):
+            continue
+        pairs.append(Pair(x.task_id, win, x, {
+            "kind": "takeover", "train_from_turn": t, "diverge_turn": diverge_turn(win, x),
+            "chosen_return": win.return_, "rejected_return": x.return_,
+            "chosen_source": win.source, "rejected_source": x.source, "losers": losers}))
     stats["pairs"] = stats.get("pairs", 0) + len(pairs)
     return pairs
 

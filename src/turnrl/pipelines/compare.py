@@ -14,10 +14,11 @@ as a resumable stage ``OUT/seed-S/<method>.json`` (its records) with its work un
 * ``rft`` -- the SFT agent fine-tuned on the demos plus its successful explored samples;
 * ``eto`` -- the ETO loop with trajectory DPO for ``pipeline.iterations`` iterations (one record
   per iteration: the reward-by-iteration plot);
-* ``dmpo`` -- one DMPO iteration for every ``dmpo_gammas`` x ``loser_settings``, plus the DPO
-  iteration in the loser settings the ETO run does not cover (the gamma plot);
+* ``dmpo`` -- ``dmpo_iterations`` (default 1) DMPO iterations for every ``dmpo_gammas`` x
+  ``loser_settings``, plus DPO for as many iterations in the loser settings the ETO run does not
+  cover (the gamma plot; ETO's iteration ``dmpo_iterations`` is the DPO row in the one it does);
 * ``loser_length`` -- DPO and DMPO (the smallest gamma) with noisy losers cut to the winner's
-  length plus each of ``truncate_ks`` (the loser-length plot, with the uncut runs).
+  length plus each of ``truncate_ks``, as many iterations (the loser-length plot, with the uncut runs).
 
 More methods plug in with :func:`register_method` (``sppo``: a function of a :class:`SeedRun`
 returning result records). Outputs: ``compare.json`` (``{"results": [...]}``, records as
@@ -65,6 +66,9 @@ class CompareConfig(Config):
     pipeline: EtoConfig = EtoConfig()
     best_of_n: int = 10
     dmpo_gammas: list[float] = [0.1, 0.5, 0.9]
+    dmpo_iterations: int = 1
+    """Iterations of the ``dmpo`` and ``loser_length`` runs (explore, pair, train, as ETO iterates);
+    their DPO row in ETO's loser setting is ETO's iteration of this number."""
     loser_settings: list[Literal["clean", "noisy"]] = ["clean", "noisy"]
     truncate_ks: list[int] = [0]
     """Loser-length study: losers cut to the winner's turns plus k (empty: no study)."""
@@ -76,8 +80,8 @@ class CompareConfig(Config):
     vary only what follows SFT, as the papers start every run from one model; needs
     ``pipeline.data_seed`` (one demo set). None: each seed trains its own SFT agent."""
     dpo_from_eto: bool = True
-    """The DPO baseline in ``pipeline.losers`` is ETO's first iteration (the same agent,
-    exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
+    """The DPO baseline in ``pipeline.losers`` is ETO's iteration ``dmpo_iterations`` (the same
+    agent, exploration and pairs) rather than a separate run; needs ``eto`` in ``methods``."""
 
 
 @dataclass
@@ -168,10 +172,11 @@ def _dmpo(run: SeedRun) -> list[Record]:
     out: list[Record] = []
     for losers in cfg.loser_settings:
         if not (cfg.dpo_from_eto and losers == run.pipe.losers):
-            out += _pipeline(run, f"dpo-{losers}", 1, loss="dpo", losers=losers)
+            out += _pipeline(run, f"dpo-{losers}", cfg.dmpo_iterations, loss="dpo", losers=losers)
         for g in cfg.dmpo_gammas:
             train = run.pipe.train.model_copy(update={"gamma": g})
-            out += _pipeline(run, f"dmpo-g{g:g}-{losers}", 1, loss="dmpo", losers=losers, train=train)
+            out += _pipeline(run, f"dmpo-g{g:g}-{losers}", cfg.dmpo_iterations, loss="dmpo", losers=losers,
+                             train=train)
     return out
 
 
@@ -187,8 +192,9 @@ def _loser_length(run: SeedRun) -> list[Record]:
     g = _loser_length_gamma(cfg)
     train = run.pipe.train.model_copy(update={"gamma": g})
     for k in cfg.truncate_ks:
-        out += _pipeline(run, f"dpo-noisy-k{k}", 1, loss="dpo", losers="noisy", truncate_k=k)
-        out += _pipeline(run, f"dmpo-g{g:g}-noisy-k{k}", 1, loss="dmpo", losers="noisy", truncate_k=k, train=train)
+        n = cfg.dmpo_iterations
+        out += _pipeline(run, f"dpo-noisy-k{k}", n, loss="dpo", losers="noisy", truncate_k=k)
+        out += _pipeline(run, f"dmpo-g{g:g}-noisy-k{k}", n, loss="dmpo", losers="noisy", truncate_k=k, train=train)
     return out
 
 
@@ -215,6 +221,13 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError(f"seeds must be distinct and non-empty (got {cfg.seeds})")
     if cfg.best_of_n < 1:
         raise TurnRLError(f"best_of_n must be >= 1 (got {cfg.best_of_n})")
+    if cfg.dmpo_iterations < 1:
+        raise TurnRLError(f"dmpo_iterations must be >= 1 (got {cfg.dmpo_iterations})")
+    if (cfg.dpo_from_eto and "eto" in cfg.methods and {"dmpo", "loser_length"} & set(cfg.methods)
+            and cfg.dmpo_iterations > cfg.pipeline.iterations):
+        raise TurnRLError(f"dmpo_iterations={cfg.dmpo_iterations}: the DPO row is ETO's iteration of that number, "
+                          f"and ETO runs pipeline.iterations={cfg.pipeline.iterations}; raise pipeline.iterations "
+                          "or set dpo_from_eto=false")
     for g in cfg.dmpo_gammas:
         if not 0 < g <= 1:
             raise TurnRLError(f"dmpo_gammas: gamma must be in (0, 1] (got {g})")
@@ -413,10 +426,11 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
         dm = _row(rows, f"dmpo-g{g:g}-noisy", "seen")
         if dm is not None and dpo is None:
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with"
-                       + (" (the DPO baseline is ETO's first iteration, dpo_from_eto: run eto too)" if from_eto else ""))
+                       + (f" (the DPO baseline is ETO's iteration {cfg.dmpo_iterations}, dpo_from_eto: run eto too)"
+                          if from_eto else ""))
         elif dm is not None and dpo is not None:
-            if dpo["method"] == "eto":  # the same (first) iteration as the DMPO run
-                dpo = _first_iteration(dpo)
+            if dpo["method"] == "eto":  # the same iteration as the DMPO run's last
+                dpo = _like_dmpo(dpo)
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
@@ -428,8 +442,9 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
     return out
 
 
-def _first_iteration(eto_row: Record) -> Record:
-    return eto_row.get("_iter1", eto_row)
+def _like_dmpo(eto_row: Record) -> Record:
+    """ETO's row at the DMPO runs' iteration (attached by :func:`_with_dmpo_iteration`)."""
+    return eto_row.get("_like_dmpo", eto_row)
 
 
 def _side(d: Record) -> str:
@@ -507,7 +522,7 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         lines += ["", "Reward by iteration (0 = SFT):", "", "| method | iteration | split | avg reward | 95% CI |",
                   "|---|---:|---|---:|---|"]
         lines += [f"| {r['method']} | {r['iteration']} | {r['split']} | {r['avg_reward']:.3f} | {_ci(r)} |" for r in it]
-    v = verdicts(cfg, _with_iter1(rows, records))
+    v = verdicts(cfg, _with_dmpo_iteration(cfg, rows, records))
     if v:
         lines += ["", "Claims (seen split):", ""] + v
     for name in plots or []:
@@ -515,13 +530,15 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
     return "\n".join([*lines, ""])
 
 
-def _with_iter1(rows: list[Record], records: list[Record]) -> list[Record]:
-    """Attach ETO's first-iteration aggregate (for like-for-like comparisons with 1-iteration runs)."""
-    first = aggregate([{**r, "method": "eto"} for r in records if r["method"] == "eto" and r.get("iteration") == 1])
+def _with_dmpo_iteration(cfg: CompareConfig, rows: list[Record], records: list[Record]) -> list[Record]:
+    """Attach ETO's aggregate at iteration ``dmpo_iterations`` (for like-for-like comparisons with
+    the DMPO runs)."""
+    n = cfg.dmpo_iterations
+    at_n = aggregate([{**r, "method": "eto"} for r in records if r["method"] == "eto" and r.get("iteration") == n])
     out = []
     for r in rows:
         if r["method"] == "eto":
-            r = {**r, "_iter1": next((f for f in first if f["split"] == r["split"]), r)}
+            r = {**r, "_like_dmpo": next((f for f in at_n if f["split"] == r["split"]), r)}
         out.append(r)
     return out
 
@@ -568,12 +585,12 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     ax.set_xticks(sorted({r["iteration"] for r in it}))  # whole iterations, no 0.5 ticks
     finish(fig, ax, out / "reward_by_iteration.png", "iteration (0 = SFT)", "reward by iteration")
 
-    seen = {r["method"]: r for r in _with_iter1(rows, records) if r["split"] == "seen"}
+    seen = {r["method"]: r for r in _with_dmpo_iteration(cfg, rows, records) if r["split"] == "seen"}
 
     def dpo_row(losers: str) -> Record | None:
         e = seen.get("eto")
         if e is not None and e.get("losers") == losers:
-            return e.get("_iter1", e)  # ETO's first iteration = the 1-iteration DPO run
+            return _like_dmpo(e)  # ETO at the DMPO runs' iteration = the DPO run of as many
         return seen.get(f"dpo-{losers}")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -586,7 +603,8 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
             dpo = dpo_row(losers)
             if dpo is not None:
                 ax.axhline(dpo["avg_reward"], color=f"C{k}", ls="--", lw=1, label=f"DPO, {losers}")
-    finish(fig, ax, out / "dmpo_gamma.png", "gamma", "DMPO reward vs gamma (seen, 1 iteration)")
+    its = f"{cfg.dmpo_iterations} iteration{'s' if cfg.dmpo_iterations > 1 else ''}"
+    finish(fig, ax, out / "dmpo_gamma.png", "gamma", f"DMPO reward vs gamma (seen, {its})")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     g = _loser_length_gamma(cfg)

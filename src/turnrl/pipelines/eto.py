@@ -14,7 +14,10 @@ stages, continues a half-written exploration episode by episode and a half-finis
 from its last checkpoint.
 
 Variants: pair strategies ``trajectory`` (ETO), ``step`` (replay the expert's first ``t``
-turns, the agent plays on from turn ``t``; one random ``t`` a task) and ``mixed`` (both);
+turns, the agent plays on from turn ``t``; one random ``t`` a task), ``mixed`` (both) and
+``takeover`` (the expert takes over each lost explored game after its first ``t`` turns, for
+every ``t``, in ``OUT/iter-i/takeover.jsonl``; the latest takeover that returns more than the
+agent's game is its winner, trained from turn ``t``: :func:`turnrl.data.pairs.takeover_pairs`);
 losers ``noisy`` (all) or ``clean`` (degenerate losers dropped, DMPO's setting); ``self_play``
 (no expert in exploration or pairs: ``samples_per_task`` samples a task at temperature 1;
 iteration 1 is RFT on the successful samples, later iterations pair each task's best and worst
@@ -33,6 +36,10 @@ Departures from the papers:
   paper's choice) on them.
 * Step-wise exploration plays one random step ``t`` a task by default; ``step_turns=all`` plays
   every step (DESIGN 3 does not say which).
+* ``takeover`` pairs are not ETO's: its expert games start from the task's start. A takeover
+  starts from the agent's own state, as DAgger's expert labels do, so the first trained turn of
+  both sides has the same context; it needs an expert that can act from any state (the
+  built-in envs' experts can).
 * Self-play starts from ``model`` (or the SFT agent): the tiny model from scratch writes no
   valid action, so self-play from the raw base model would learn from random play only.
 """
@@ -70,6 +77,7 @@ __all__ = [
     "run_iteration",
     "run_pipeline",
     "step_plan",
+    "takeover",
     "train_iteration",
 ]
 
@@ -169,7 +177,7 @@ class EtoConfig(AgentPipelineConfig):
     iterations: int = 2
     explore_temperature: float = 0.0
     """0 = greedy (ETO explores greedily)."""
-    pairs: Literal["trajectory", "step", "mixed"] = "trajectory"
+    pairs: Literal["trajectory", "step", "mixed", "takeover"] = "trajectory"
     step_turns: Literal["random", "all"] = "random"
     """Step-wise exploration: one random turn ``t`` a task (``random``), or every turn ``t`` from 1 to
     the expert's last (``all``: a task's expert game of T turns gives T - 1 episodes)."""
@@ -293,7 +301,7 @@ def explore(cfg: EtoConfig, model: str, out: Path, i: int, experts: list[Traject
     if cfg.self_play:
         plan = _repeat(specs, cfg.samples_per_task)
     else:
-        if cfg.pairs in ("trajectory", "mixed"):
+        if cfg.pairs in ("trajectory", "mixed", "takeover"):
             plan += specs
         if cfg.pairs in ("step", "mixed"):
             plan += step_plan(cfg, specs, experts, i)
@@ -320,9 +328,32 @@ def step_plan(cfg: EtoConfig, specs: list[EpisodeSpec], experts: list[Trajectory
     return plan
 
 
-def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path) -> dict[str, Any]:
-    """ETO's pairs (trajectory / step / mixed) or self-play pairs -> ``out`` (pairs.jsonl)."""
-    from turnrl.data.pairs import self_play_pairs, step_pairs, trajectory_pairs
+def takeover(cfg: EtoConfig, explored: list[Trajectory], out: Path) -> dict[str, Any]:
+    """The expert takes over every explored game that it can beat (not won: ``success`` false) after
+    each of its first turns: the game's first ``t`` replies are replayed, sampled ids included, for
+    ``t`` in 1..T-1, and the expert plays on (``out`` = takeover.jsonl, resumable)."""
+    from turnrl.rollout.policies import ExpertPolicy, Reply
+
+    plan: list[EpisodeSpec] = []
+    for x in explored:
+        if x.success or x.meta.get("expert_turns"):
+            continue
+        replies = tuple(Reply(m.content, m.token_ids, m.logprobs, {"finished": False} if m.cut else {})
+                        for m in x.messages if m.role == "assistant")
+        for t in range(1, len(replies)):
+            plan.append(EpisodeSpec(len(plan), x.split, x.task_id, int(x.meta["seed"]), replay=replies[:t]))
+    return rollout_stats(_play(ExpertPolicy(), cfg, plan, out) if plan else _write_empty(out))
+
+
+def _write_empty(out: Path) -> list[Trajectory]:
+    write_jsonl(out, [])
+    return []
+
+
+def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path,
+                takeovers: list[Trajectory] | None = None) -> dict[str, Any]:
+    """ETO's pairs (trajectory / step / mixed), takeover pairs or self-play pairs -> ``out`` (pairs.jsonl)."""
+    from turnrl.data.pairs import self_play_pairs, step_pairs, takeover_pairs, trajectory_pairs
 
     stats: dict[str, int] = {}
     pairs: list[Pair] = []
@@ -333,6 +364,8 @@ def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajec
             pairs += trajectory_pairs(experts, explored, losers=cfg.losers, truncate_k=cfg.truncate_k, stats=stats)
         if cfg.pairs in ("step", "mixed"):
             pairs += step_pairs(experts, explored, losers=cfg.losers, stats=stats)
+        if cfg.pairs == "takeover":
+            pairs += takeover_pairs(experts, explored, takeovers or [], losers=cfg.losers, stats=stats)
     write_jsonl(out, pairs)
     n = max(1, len(pairs))
     return {**stats, "pairs": len(pairs), "avg_rejected_turns": sum(p.rejected.num_turns for p in pairs) / n,
@@ -436,7 +469,11 @@ def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: P
         new = run_stage(it / "train", lambda p: rft(cfg, base or model, model, expert, trajs, p, i,
                                                     include_experts=False), log=log, name=f"iter-{i}/rft")
     else:
-        stats = run_stage(it / "pairs.jsonl", lambda p: build_pairs(cfg, experts, trajs, p), log=log,
+        takeovers: list[Trajectory] = []
+        if cfg.pairs == "takeover":
+            run_stage(it / "takeover.jsonl", lambda p: takeover(cfg, trajs, p), log=log, name=f"iter-{i}/takeover")
+            takeovers = read_trajectories(it / "takeover.jsonl")
+        stats = run_stage(it / "pairs.jsonl", lambda p: build_pairs(cfg, experts, trajs, p, takeovers), log=log,
                           name=f"iter-{i}/pairs")
         if not read_pairs(it / "pairs.jsonl"):
             raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs (every explored return equals the expert's?)")

@@ -36,13 +36,16 @@ from turnrl.rollout.policies import ExpertPolicy, Policy, Request
 @dataclass(frozen=True)
 class EpisodeSpec:
     """One planned episode. The env's expert plays its first ``expert_turns`` turns
-    (ETO's step-wise exploration replays an expert prefix, then the policy takes over)."""
+    (ETO's step-wise exploration replays an expert prefix, then the policy takes over), or the
+    ``replay`` replies are played as the first turns (a takeover replays the agent's own game's
+    first turns, sampled ids and log-probs included, then the policy -- the expert -- plays on)."""
 
     index: int
     split: str
     task_id: str
     seed: int
     expert_turns: int = 0
+    replay: tuple[Any, ...] = ()
 
     def episode_id(self, env_name: str) -> str:
         return f"{env_name}-{self.split}-{self.index:06d}"
@@ -138,14 +141,18 @@ class Sampler:
         return [done[k] for k in sorted(done)]
 
     def _act(self, active: Sequence[_Slot], requests: Sequence[Request]) -> list[Any]:
-        """The policy's replies; slots still in their expert prefix get the expert's."""
-        replay = [i for i, s in enumerate(active) if s.spec is not None and s.turn < s.spec.expert_turns]
-        if not replay:
-            return list(self.policy.act(requests))
+        """The policy's replies; slots still in a replayed prefix get its reply, slots in their
+        expert prefix the expert's."""
         replies: list[Any] = [None] * len(requests)
-        expert = ExpertPolicy().act([requests[i] for i in replay])
-        for i, r in zip(replay, expert, strict=True):
-            replies[i] = r
+        for i, s in enumerate(active):
+            if s.spec is not None and s.turn < len(s.spec.replay):
+                replies[i] = s.spec.replay[s.turn]
+        in_prefix = [i for i, s in enumerate(active) if s.spec is not None and s.turn < s.spec.expert_turns]
+        if not in_prefix and all(r is None for r in replies):
+            return list(self.policy.act(requests))
+        if in_prefix:
+            for i, r in zip(in_prefix, ExpertPolicy().act([requests[i] for i in in_prefix]), strict=True):
+                replies[i] = r
         rest = [i for i in range(len(requests)) if replies[i] is None]
         if rest:
             for i, r in zip(rest, self.policy.act([requests[i] for i in rest]), strict=True):
@@ -241,6 +248,7 @@ class Sampler:
                   "index": slot.spec.index,
                   "final_observation": final_obs, **_outcome(info),
                   **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),
+                  **({"replayed_turns": len(slot.spec.replay)} if slot.spec.replay else {}),
                   **({"expected_rewards": list(slot.expected)}
                      if "expected_reward" in info and None not in slot.expected else {})},
         )
