@@ -38,8 +38,10 @@ Departures from the papers:
   every step (DESIGN 3 does not say which).
 * ``takeover`` pairs are not ETO's: its expert games start from the task's start. A takeover
   starts from the agent's own state, as DAgger's expert labels do, so the first trained turn of
-  both sides has the same context; it needs an expert that can act from any state (the
-  built-in envs' experts can).
+  both sides has the same context. It needs an expert that acts from the state it is given:
+  tic-tac-toe's minimax, the bandits', twenty questions', the shops' and ALFWorld's handcoded
+  one do; the household games' and ScienceWorld's replay a walkthrough by turn number, so
+  their takeovers of a game that left the walkthrough rarely do better and give few pairs.
 * Self-play starts from ``model`` (or the SFT agent): the tiny model from scratch writes no
   valid action, so self-play from the raw base model would learn from random play only.
 """
