@@ -12,8 +12,8 @@ as a resumable stage ``OUT/seed-S/<method>.json`` (its records) with its work un
 * ``sft`` -- the SFT agent;
 * ``best_of_n`` -- N samples of the SFT agent a test task at temperature 1, the best by reward;
 * ``rft`` -- the SFT agent fine-tuned on the demos plus its successful explored samples;
-* ``eto`` -- the ETO loop with trajectory DPO for ``pipeline.iterations`` iterations (one record
-  per iteration: the reward-by-iteration plot);
+* ``eto`` -- the ETO loop with DPO on ``pipeline.pairs`` (trajectory pairs by default) for
+  ``pipeline.iterations`` iterations (one record per iteration: the reward-by-iteration plot);
 * ``dmpo`` -- ``dmpo_iterations`` (default 1) DMPO iterations for every ``dmpo_gammas`` x
   ``loser_settings``, plus DPO for as many iterations in the loser settings the ETO run does not
   cover (the gamma plot; ETO's iteration ``dmpo_iterations`` is the DPO row in the one it does);
