@@ -293,6 +293,15 @@ def test_config_cross_checks() -> None:
         _check(CompareConfig(dmpo_iterations=3))
     _check(CompareConfig(dmpo_iterations=3, dpo_from_eto=False))
     _check(CompareConfig(dmpo_iterations=2))
+    _check(CompareConfig(dmpo_iterations=3, methods=["sft", "eto", "dmpo"], loser_settings=["clean"]))  # no ETO row
+    # losers of step and takeover pairs are not cut: truncate_k there would do nothing
+    for pairs in ("step", "takeover"):
+        with pytest.raises(TurnRLError, match=rf"^truncate_k=0 cuts trajectory pairs' losers; pairs={pairs} trains"):
+            EtoConfig(pairs=pairs, truncate_k=0).check()
+        with pytest.raises(TurnRLError, match=rf"^methods: loser_length cuts .*pipeline.pairs={pairs} has none"):
+            _check(CompareConfig(pipeline=EtoConfig(pairs=pairs)))
+        _check(CompareConfig(pipeline=EtoConfig(pairs=pairs), truncate_ks=[]))
+    EtoConfig(pairs="mixed", truncate_k=0).check()
     with pytest.raises(TurnRLError, match=r"samples_per_task must be >= 2 \(got 1\)"):
         EtoConfig(self_play=True, samples_per_task=1).check()
     # the pipeline's loss is what trains: another train.loss would be ignored
@@ -828,6 +837,50 @@ def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_pat
     assert stats["prefix_mismatch"] == len(forged)
 
 
+def test_takeover_pairs_fall_back_on_the_expert_game_of_the_same_task_and_seed(tmp_path: Path) -> None:
+    """A task the plan plays twice (two env seeds) has two expert games; each explored game falls back
+    on the one of its own seed, so every lost game the expert's own game beats is paired."""
+    from turnrl.collect import run_policy
+    from turnrl.data.pairs import takeover_pairs
+    from turnrl.pipelines.eto import EtoConfig, _train_specs
+    from turnrl.rollout import ExpertPolicy
+    from turnrl.rollout.sampler import EpisodeSpec
+
+    cfg = EtoConfig(expert_episodes=15).check()
+    once = _train_specs(cfg)
+    specs = once + [EpisodeSpec(len(once) + i, s.split, s.task_id, s.seed + 1) for i, s in enumerate(once)]
+    experts = run_policy(ExpertPolicy(), cfg.env, specs=specs, env_opts=cfg.env_opts, prompt=cfg.prompt())
+    explored = run_policy(_FixedCells(), cfg.env, specs=specs, env_opts=cfg.env_opts, prompt=cfg.prompt())
+    stats: dict[str, int] = {}
+    pairs = takeover_pairs(experts, explored, [], stats=stats)  # no takeovers: the fallback alone
+    expert_of = {(e.task_id, e.meta["seed"]): e for e in experts}
+    beaten = [x for x in explored if expert_of[(x.task_id, x.meta["seed"])].return_ > x.return_]
+    assert len(beaten) > len(once) // 2 and len(pairs) == len(beaten) and "no_expert" not in stats
+    assert all(p.chosen is expert_of[(p.rejected.task_id, p.rejected.meta["seed"])] for p in pairs)
+    stats = {}
+    takeover_pairs(experts[: len(once)], explored, [], stats=stats)  # the second seed's expert games missing
+    assert stats["no_expert"] == len(once)
+
+
+def test_episode_spec_replays_expert_turns_or_replies_not_both() -> None:
+    from turnrl.rollout.policies import Reply
+    from turnrl.rollout.sampler import EpisodeSpec
+
+    with pytest.raises(ValueError, match="not both"):
+        EpisodeSpec(0, "train", "t", 1, expert_turns=1, replay=(Reply("Action: 4"),))
+
+
+def test_compare_refuses_a_finished_dmpo_stage_of_another_iteration_count(tmp_path: Path) -> None:
+    from turnrl.pipelines.compare import _check_iterations
+
+    recs = [{"method": "dmpo-g0.1-noisy", "iteration": 1}]
+    _check_iterations(tmp_path / "dmpo.json", recs, 1)
+    with pytest.raises(TurnRLError, match=r"dmpo.json: holds 1 DMPO iteration\(s\), this run asks for "
+                                          r"dmpo_iterations=2; choose another out or remove it$"):
+        _check_iterations(tmp_path / "dmpo.json", recs, 2)
+    _check_iterations(tmp_path / "dmpo.json", [{**recs[0], "iteration": i} for i in (1, 2)], 2)
+
+
 def test_takeover_pairs_clean_drops_losers_with_invalid_moves(tmp_path: Path) -> None:
     from turnrl.data.pairs import takeover_pairs
 
@@ -885,3 +938,10 @@ def test_cli_pairs_takeover_mode(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert [p.meta for p in got] == [p.meta for p in want] and len(got) > 0
     code, _, err = run(["pairs", *files, "--out", str(tmp_path / "q.jsonl")], capsys)
     assert "--takeovers" in one_line_error(code, err)
+    code, _, err = run(["pairs", *files, "--takeovers", str(tmp_path / "takeover.jsonl"), "--truncate-k", "0",
+                        "--out", str(tmp_path / "q.jsonl")], capsys)
+    assert "--mode takeover has none to cut" in one_line_error(code, err)
+    code, _, err = run(["pairs", *files[:4], "--takeovers", str(tmp_path / "takeover.jsonl"), "--out",
+                        str(tmp_path / "q.jsonl")], capsys)
+    assert "--takeovers is for --mode takeover (got --mode trajectory)" in one_line_error(code, err)
+    assert not (tmp_path / "q.jsonl").exists()

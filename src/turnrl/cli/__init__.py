@@ -338,6 +338,10 @@ def pairs(
         raise unknown("pairs mode", mode, modes)
     if losers not in ("clean", "noisy"):
         raise TurnRLError(f"--losers must be clean or noisy (got {losers!r})")
+    if takeovers and mode != "takeover":
+        raise TurnRLError(f"--takeovers is for --mode takeover (got --mode {mode})")
+    if truncate_k is not None and mode not in ("trajectory", "mixed"):
+        raise TurnRLError(f"--truncate-k cuts trajectory pairs' losers; --mode {mode} has none to cut")
     explored_trajs = [t for f in explored for t in read_trajectories(f)]
     stats: dict[str, int] = {}
     records: list[Any]

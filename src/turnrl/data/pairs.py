@@ -225,7 +225,8 @@ def takeover_pairs(
     """Takeover pairs (see the module docstring). A takeover belongs to the explored game of the
     same task and env seed whose first ``replayed_turns`` turns it holds."""
     stats = stats if stats is not None else {}
-    expert_of = {t.task_id: t for t in experts}
+    # a task the train plan plays more than once has one expert game per env seed
+    expert_of = {(t.task_id, t.meta.get("seed")): t for t in experts}
     by_game: dict[tuple[str, object], list[Trajectory]] = defaultdict(list)
     for y in takeovers:
         by_game[(y.task_id, y.meta.get("seed"))].append(y)
@@ -233,13 +234,15 @@ def takeover_pairs(
     for x in explored:
         if x.meta.get("expert_turns") or x.meta.get("replayed_turns"):
             continue
-        e = expert_of.get(x.task_id)
-        candidates = [(0, e)] if e is not None and e.meta.get("seed") == x.meta.get("seed") else []
+        e = expert_of.get((x.task_id, x.meta.get("seed")))
+        if e is None:
+            stats["no_expert"] = stats.get("no_expert", 0) + 1
+        candidates = [] if e is None else [(0, e)]
         for y in by_game.get((x.task_id, x.meta.get("seed")), []):
             t = int(y.meta.get("replayed_turns", 0) or 0)
-            if 0 < t < x.num_turns and _prefix_matches(x, y, t) and y.num_turns > t:
+            if 0 < t < x.num_turns and y.num_turns > t and _prefix_matches(x, y, t):
                 candidates.append((t, y))
-            else:
+            else:  # not a takeover of this game (another game of the task and seed, or a forged prefix)
                 stats["prefix_mismatch"] = stats.get("prefix_mismatch", 0) + 1
         better = [(t, y) for t, y in candidates if y.return_ > x.return_]
         if not better:

@@ -223,8 +223,9 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError(f"best_of_n must be >= 1 (got {cfg.best_of_n})")
     if cfg.dmpo_iterations < 1:
         raise TurnRLError(f"dmpo_iterations must be >= 1 (got {cfg.dmpo_iterations})")
-    if (cfg.dpo_from_eto and "eto" in cfg.methods and {"dmpo", "loser_length"} & set(cfg.methods)
-            and cfg.dmpo_iterations > cfg.pipeline.iterations):
+    from_eto = (("dmpo" in cfg.methods and cfg.pipeline.losers in cfg.loser_settings)
+                or ("loser_length" in cfg.methods and cfg.pipeline.losers == "noisy"))
+    if cfg.dpo_from_eto and "eto" in cfg.methods and from_eto and cfg.dmpo_iterations > cfg.pipeline.iterations:
         raise TurnRLError(f"dmpo_iterations={cfg.dmpo_iterations}: the DPO row is ETO's iteration of that number, "
                           f"and ETO runs pipeline.iterations={cfg.pipeline.iterations}; raise pipeline.iterations "
                           "or set dpo_from_eto=false")
@@ -234,6 +235,9 @@ def _check(cfg: CompareConfig) -> None:
     for k in cfg.truncate_ks:
         if k < 0:
             raise TurnRLError(f"truncate_ks: losers are cut to the winner's turns plus k, k >= 0 (got {k})")
+    if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.pairs in ("step", "takeover"):
+        raise TurnRLError(f"methods: loser_length cuts trajectory pairs' losers; pipeline.pairs={cfg.pipeline.pairs} "
+                          "has none to cut: drop loser_length or set truncate_ks: []")
     if cfg.sft_seed is not None and cfg.pipeline.data_seed is None:
         raise TurnRLError("sft_seed trains one SFT agent for every seed on one demo set: set pipeline.data_seed too")
     if cfg.sft_seed is not None and cfg.pipeline.model is not None:
@@ -286,6 +290,15 @@ def _method_stage(fn: MethodFn, run: SeedRun) -> Callable[[Path], list[Record]]:
     return lambda _out: fn(run)
 
 
+def _check_iterations(stage: Path, recs: list[Record], n: int) -> None:
+    """A finished ``dmpo``/``loser_length`` stage must hold ``n`` iterations: one made before
+    ``dmpo_iterations`` (whose settings do not name it) holds 1, and would be read as ``n``."""
+    last = max((int(r.get("iteration", 1)) for r in recs), default=n)
+    if last != n:
+        raise TurnRLError(f"{stage}: holds {last} DMPO iteration(s), this run asks for dmpo_iterations={n}; "
+                          "choose another out or remove it")
+
+
 def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
     """Every method for every seed (each a resumable stage), then compare.json/.md and plots."""
     _check(cfg)
@@ -298,6 +311,8 @@ def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
         run = seed_run(cfg, seed, log)
         for m in cfg.methods:
             recs = run_stage(run.dir / f"{m}.json", _method_stage(METHODS[m], run), log=log, name=f"seed-{seed}/{m}")
+            if m in ("dmpo", "loser_length"):
+                _check_iterations(run.dir / f"{m}.json", recs, cfg.dmpo_iterations)
             records += [{**r, "method": r.get("method", m), "seed": seed} for r in recs]
     atomic_write_json(root / "compare.json", {"results": records, "config": cfg.model_dump(mode="json")})
     rows = aggregate(records)

@@ -206,6 +206,9 @@ class EtoConfig(AgentPipelineConfig):
         if self.train.loss not in ("dpo", self.loss):  # train_iteration trains with ``loss``: it would be ignored
             raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}; "
                               f"set loss={self.train.loss} instead")
+        if self.truncate_k is not None and self.pairs in ("step", "takeover"):
+            raise TurnRLError(f"truncate_k={self.truncate_k} cuts trajectory pairs' losers; pairs={self.pairs} trains "
+                              "from the turn its sides part: remove truncate_k")
         if self.self_play and self.samples_per_task < 2:
             raise TurnRLError(f"self_play pairs a task's own samples: samples_per_task must be >= 2 (got "
                               f"{self.samples_per_task})")
@@ -478,7 +481,9 @@ def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: P
         stats = run_stage(it / "pairs.jsonl", lambda p: build_pairs(cfg, experts, trajs, p, takeovers), log=log,
                           name=f"iter-{i}/pairs")
         if not read_pairs(it / "pairs.jsonl"):
-            raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs (every explored return equals the expert's?)")
+            why = "no takeover returned more than its game" if cfg.pairs == "takeover" else \
+                "every explored return equals the expert's"
+            raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs ({why}?)")
         new = run_stage(it / "train", lambda p: train_pairs(cfg, model, it / "pairs.jsonl", p, i), log=log,
                         name=f"iter-{i}/train")
     name = label or f"{'self-play' if cfg.self_play else cfg.loss}-iter{i}"

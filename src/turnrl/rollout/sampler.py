@@ -47,6 +47,10 @@ class EpisodeSpec:
     expert_turns: int = 0
     replay: tuple[Any, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.replay and self.expert_turns:
+            raise ValueError("an episode replays either the expert's first turns or given replies, not both")
+
     def episode_id(self, env_name: str) -> str:
         return f"{env_name}-{self.split}-{self.index:06d}"
 
