@@ -794,6 +794,8 @@ def _takeover_setup(tmp_path: Path, losers: str = "noisy") -> tuple[Any, list[An
 def test_takeover_replays_the_agents_own_game_then_the_expert_plays_on(tmp_path: Path) -> None:
     """Each lost game is replayed for its first t turns, t = 1..T-1 (sampled ids, log-probs, the
     random move played for an invalid one, the observations: the same game), then the expert plays."""
+    from turnrl.pipelines.eto import EtoConfig, takeover
+
     _, _, explored, takeovers = _takeover_setup(tmp_path)
     game = {(x.task_id, x.meta["seed"]): x for x in explored}
     assert any(m.valid is False for x in explored for m in x.messages)  # replays cover invalid moves
@@ -805,6 +807,9 @@ def test_takeover_replays_the_agents_own_game_then_the_expert_plays_on(tmp_path:
         assert y.messages[:upto] == x.messages[:upto]  # the same game, up to turn t's observation
         assert y.messages[upto].token_ids is None and y.messages[upto].valid  # the expert's turn
     assert all(sorted(ts) == list(range(1, game[k].num_turns)) for k, ts in seen.items())
+    won = [x for x in explored if x.success]  # nothing to take over: an empty stage file, still written
+    assert takeover(EtoConfig(), won, tmp_path / "none.jsonl")["episodes"] == 0
+    assert (tmp_path / "none.jsonl").read_text() == ""
 
 
 def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_path: Path) -> None:

@@ -347,12 +347,7 @@ def takeover(cfg: EtoConfig, explored: list[Trajectory], out: Path) -> dict[str,
                         for m in x.messages if m.role == "assistant")
         for t in range(1, len(replies)):
             plan.append(EpisodeSpec(len(plan), x.split, x.task_id, int(x.meta["seed"]), replay=replies[:t]))
-    return rollout_stats(_play(ExpertPolicy(), cfg, plan, out) if plan else _write_empty(out))
-
-
-def _write_empty(out: Path) -> list[Trajectory]:
-    write_jsonl(out, [])
-    return []
+    return rollout_stats(_play(ExpertPolicy(), cfg, plan, out))  # an empty plan writes an empty file
 
 
 def build_pairs(cfg: EtoConfig, experts: list[Trajectory], explored: list[Trajectory], out: Path,

@@ -152,11 +152,8 @@ class Sampler:
             if s.spec is not None and s.turn < len(s.spec.replay):
                 replies[i] = s.spec.replay[s.turn]
         in_prefix = [i for i, s in enumerate(active) if s.spec is not None and s.turn < s.spec.expert_turns]
-        if not in_prefix and all(r is None for r in replies):
-            return list(self.policy.act(requests))
-        if in_prefix:
-            for i, r in zip(in_prefix, ExpertPolicy().act([requests[i] for i in in_prefix]), strict=True):
-                replies[i] = r
+        for i, r in zip(in_prefix, ExpertPolicy().act([requests[i] for i in in_prefix]), strict=True):
+            replies[i] = r
         rest = [i for i in range(len(requests)) if replies[i] is None]
         if rest:
             for i, r in zip(rest, self.policy.act([requests[i] for i in rest]), strict=True):
