@@ -68,7 +68,7 @@ def _assert_same_run(one: Path, two: Path, steps: int) -> None:
     assert wa.keys() == wb.keys()
     # Adam divides each gradient entry by its own scale, so an entry whose gradient is at float-rounding
     # size can step differently in the two runs (by up to lr); a wrong accumulation moves most entries.
-    # So: all but a few entries in a million agree to 1e-5, and none differs by more than one step.
+    # So: all but ten entries in a million agree to 1e-5, and none differs by more than one step.
     diffs = torch.cat([(wa[k] - wb[k]).abs().flatten() for k in wa])
     assert int((diffs > 1e-5).sum()) <= diffs.numel() * 1e-5
     assert float(diffs.max()) < 1e-3
