@@ -47,7 +47,9 @@ def main(argv: list[str]) -> None:
     records = [r for r in json.loads((out / "compare.json").read_text())["results"] if r["split"] == "seen"]
     value = {(r["method"], r["seed"], r.get("iteration", 0)): r["avg_reward"] for r in records}
     seeds = sorted({s for (m, s, _) in value if m == "sft"})
-    last = max(i for (m, _, i) in value if m == "sppo")
+    last = max((i for (m, _, i) in value if m == "sppo"), default=0)
+    if last == 0:
+        raise TurnRLError(f"{out}/compare.json: no SPPO record; run the compare command with method sppo first")
     seeds = [s for s in seeds if ("sppo", s, last) in value]
     if len(seeds) < 3:
         raise TurnRLError(f"{out}/compare.json: {len(seeds)} seeds with SPPO's iteration {last}; the test needs 3")
