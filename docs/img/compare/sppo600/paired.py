@@ -1,9 +1,10 @@
 """The reading of the pre-registered 600-task SPPO run (PREREGISTERED.txt): tests T9 and P, and where
 each row's lost games come from.
 
-    python docs/img/compare/sppo600/paired.py OUT
+    python docs/img/compare/sppo600/paired.py OUT [SEED ...]
 
-OUT is the `turnrl compare` directory (runs/compare/sppo600). It prints each seed's SFT agent and SPPO
+OUT is the `turnrl compare` directory (runs/compare/sppo600); SEEDs, if given, restrict the reading to
+those seeds (the second stage's T9-new, PREREGISTERED2.txt). It prints each seed's SFT agent and SPPO
 agent by iteration (greedy avg reward on the 200 seen games), both rows' means with a 95% CI across the
 seeds, the paired difference, the two tests' verdicts, and per row the lost games split into those
 lost by an invalid move and those lost on the board.
@@ -16,7 +17,7 @@ from pathlib import Path
 from turnrl.errors import TurnRLError, run_script
 from turnrl.stats import mean_ci95
 
-USAGE = "paired.py OUT"
+USAGE = "paired.py OUT [SEED ...]"
 
 
 def _games(path: Path) -> tuple[int, int, int]:
@@ -39,14 +40,20 @@ def _ci(values: list[float]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
+    if not argv:
         raise ValueError("give OUT")
     out = Path(argv[0])
+    try:
+        only = {int(a) for a in argv[1:]}
+    except ValueError:
+        raise ValueError(f"a SEED is an integer: {' '.join(argv[1:])}") from None
     if not (out / "compare.json").is_file():
         raise TurnRLError(f"{out}/compare.json: missing; run the compare command first")
     records = [r for r in json.loads((out / "compare.json").read_text())["results"] if r["split"] == "seen"]
     value = {(r["method"], r["seed"], r.get("iteration", 0)): r["avg_reward"] for r in records}
-    seeds = sorted({s for (m, s, _) in value if m == "sft"})
+    seeds = sorted({s for (m, s, _) in value if m == "sft" and (not only or s in only)})
+    if only - set(seeds):
+        raise TurnRLError(f"{out}/compare.json: no SFT record of seed(s) {sorted(only - set(seeds))}")
     last = max((i for (m, _, i) in value if m == "sppo"), default=0)
     if last == 0:
         raise TurnRLError(f"{out}/compare.json: no SPPO record; run the compare command with method sppo first")
