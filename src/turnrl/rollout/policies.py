@@ -30,6 +30,9 @@ class Request:
     turn: int
     valid_actions: list[str] | None
     rng: random.Random
+    #: the episode's key, unique within a collection (the sampler's ``"<seed>/<index>"`` of its
+    #: planned episode): a model policy keys the turn's random stream by it (:meth:`ModelPolicy.seeds`)
+    key: str | None = None
 
 
 @dataclass
@@ -79,7 +82,7 @@ class ModelPolicy:
     """A language model: every active episode's prompt goes into one engine call."""
 
     def __init__(self, engine: Engine, chat: ChatFormat, sampling: SamplingConfig, *, history: int | None = None,
-                 name: str = "model", fingerprint: str | None = None):
+                 name: str = "model", fingerprint: str | None = None, seed: int | None = None):
         self.engine = engine
         self.chat = chat
         self.sampling = sampling
@@ -88,6 +91,10 @@ class ModelPolicy:
         #: the model's :func:`~turnrl.models.loading.model_fingerprint` (episodes record it, so that a
         #: resumed collection can tell a retrained model saved at the same path); None: unknown
         self.fingerprint = fingerprint
+        #: the salt of every sampling seed (:meth:`seeds`); None: drawn from torch's global generator
+        #: at the first sampled turn, so a pipeline that seeds torch before a stage gets the same salt
+        #: when the stage is rerun to resume
+        self.seed = seed
 
     def prompts(self, requests: Sequence[Request]) -> list[list[int]]:
         out = []
@@ -96,8 +103,22 @@ class ModelPolicy:
             out.append(self.chat.prompt_ids(view))
         return out
 
+    def seeds(self, requests: Sequence[Request]) -> list[int] | None:
+        """Each request's sampling seed, a hash of (salt, episode key, turn): an episode's sample
+        does not depend on which other episodes share its steps, or on whether its collection was
+        resumed. None when decoding greedily. A request without a key gets a seed from torch's
+        global generator."""
+        if self.sampling.temperature <= 0:
+            return None
+        import torch
+
+        if self.seed is None:
+            self.seed = int(torch.randint(0, 2**62, ()).item())
+        return [random.Random(f"{self.seed}/{r.key}/{r.turn}").randrange(2**62) if r.key is not None
+                else int(torch.randint(0, 2**62, ()).item()) for r in requests]
+
     def act(self, requests: Sequence[Request]) -> list[Reply]:
-        gens = self.engine.generate(self.prompts(requests), self.sampling)
+        gens = self.engine.generate(self.prompts(requests), self.sampling, seeds=self.seeds(requests))
         stops = set(self.chat.stop_token_ids)
         out = []
         for g in gens:

@@ -131,7 +131,9 @@ class Sampler:
             if not active:
                 break
             requests = [
-                Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng) for s in active
+                Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng,
+                        f"{s.spec.seed}/{s.spec.index}" if s.spec is not None else None)
+                for s in active
             ]
             replies = self._act(active, requests)
             for slot, reply in zip(active, replies, strict=True):
