@@ -844,6 +844,9 @@ def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_pat
     stats: dict[str, int] = {}
     pairs = takeover_pairs(experts, explored, takeovers, stats=stats)
     assert pairs and stats["pairs"] == len(pairs) and "prefix_mismatch" not in stats
+    won = sum(x.success for x in explored)  # counted apart from the lost games no takeover beats
+    assert stats.get("agent_won", 0) == won
+    assert stats["pairs"] + stats.get("no_better_takeover", 0) + won == len(explored)
     of_game: dict[tuple[str, int], list[Any]] = {}
     for y in takeovers:
         of_game.setdefault((y.task_id, y.meta["seed"]), []).append(y)
