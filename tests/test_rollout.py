@@ -11,6 +11,7 @@ from turnrl.agent.parsing import parse_action
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.collect import run_policy
 from turnrl.data.io import read_trajectories
+from turnrl.data.schema import Message
 from turnrl.rollout import ExpertPolicy, HFEngine, ModelPolicy, RandomPolicy, Reply, Request, SamplingConfig
 from turnrl.tokenization import ChatFormat
 
@@ -183,6 +184,12 @@ def test_draw_tokens_by_hand() -> None:
     assert draw_tokens(scores, torch.tensor([0.6, 0.62, 0.7, 0.9999]), 1.0, 0.7).tolist() == [0, 0, 1, 1]
     # top-p 0.5: token 0's mass reaches it alone
     assert draw_tokens(scores, torch.tensor([0.0, 0.5, 0.9, 0.9999]), 1.0, 0.5).tolist() == [0, 0, 0, 0]
+    # a token of probability 0 (-inf) is never drawn, and logits with nothing finite or a NaN are an error
+    masked = torch.tensor([[0.0, float("-inf"), 0.0]])
+    assert [draw_tokens(masked, torch.tensor([u]), 1.0).item() for u in (0.0, 0.4999, 0.5, 0.9999)] == [0, 0, 2, 2]
+    for bad in (torch.tensor([[0.0, float("nan"), 1.0]]), torch.full((1, 3), float("-inf"))):
+        with pytest.raises(ValueError, match="without a finite value or with NaN"):
+            draw_tokens(bad, torch.tensor([0.5]), 1.0)
 
 
 def test_draw_tokens_samples_the_softmax() -> None:
@@ -214,6 +221,28 @@ def test_a_sampled_row_depends_on_its_prompt_and_seed_only(tiny_model, tiny_toke
     assert len({tuple(g.token_ids) for g in [batch[0], *others]}) > 1  # other seeds, other samples
     with pytest.raises(ValueError, match="2 seeds for 1 prompts"):
         engine.generate([a], sampling, seeds=[1, 2])
+
+
+def test_copies_of_one_request_in_a_call_are_independent_samples(tiny_model, tiny_tokenizer) -> None:
+    """CHAI's k candidates and self-consistency's votes send one request k times in one call: each copy
+    gets its own seed (the first keeps the request's plain one), and so its own sample."""
+    import random as rnd
+
+    from turnrl.bandits.aids import SelfConsistencyAid
+    from turnrl.envs import make
+
+    policy, engine, _ = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=12)
+    policy.seed = 3
+    env = make("tictactoe")
+    obs, info = env.reset(seed=1)
+    req = Request(env, [Message("user", obs)], 0, info.get("valid_actions"), rnd.Random(0), key="9/0")
+    seeds = policy.seeds([req] * 5)
+    assert seeds is not None and len(set(seeds)) == 5 and seeds[0] == policy.seeds([req])[0]
+    assert len({r.content for r in policy.act([req] * 5)}) > 1
+    SelfConsistencyAid(policy, k=4).act([req])
+    assert len({tuple(p) for p in engine.prompts[-4:]}) == 1  # one prompt, four copies ...
+    votes = policy.act([req] * 4)
+    assert len({r.content for r in votes}) > 1  # ... four samples
 
 
 @pytest.mark.parametrize("salt", [7, None])

@@ -15,7 +15,7 @@ order, so the same random draws).
 
 **A random stream per row.** With temperature > 0, ``generate`` takes one seed per prompt
 (``seeds``), and row ``i``'s tokens are drawn from uniforms of its own generator, seeded with
-``seeds[i]`` (:func:`draw_tokens`: inverse-CDF sampling of the temperature / top-p distribution).
+``seeds[i]`` (:class:`RowDraws`, :func:`draw_tokens`: inverse-CDF sampling of the temperature / top-p distribution).
 A sample then depends on its prompt, its seed and the weights only, not on which other
 prompts share the batch: the sampler keys each episode's seeds by the episode and turn
 (:class:`~turnrl.rollout.policies.ModelPolicy`), so a collection gives the same episodes with
@@ -93,18 +93,22 @@ def draw_tokens(scores: torch.Tensor, uniforms: torch.Tensor, temperature: float
     ``top_p``; at least one) and renormalized, the token is the first ``k`` with
     ``sum(p[:k+1]) > u``. Returns [B] token ids. A row's token depends on its own scores and
     uniform only."""
-    probs = torch.softmax(scores.float() / temperature, dim=-1)
+    # float64 (MPS has none: float32 there), so that a long vocabulary's small tail keeps its mass
+    probs = torch.softmax(scores.to(torch.float32 if scores.device.type == "mps" else torch.float64) / temperature,
+                          dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         before = sorted_p.cumsum(dim=-1) - sorted_p  # the mass of the tokens ranked above
         sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     cdf = probs.cumsum(dim=-1)
-    target = (uniforms.to(cdf.device, cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    if not bool(torch.isfinite(cdf[:, -1]).all()):  # NaN logits, or a row with no finite logit
+        raise ValueError("cannot sample from logits without a finite value or with NaN")
+    target = (uniforms.to(cdf.dtype).to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
 
 
-class _RowDraws:
+class RowDraws:
     """A ``generate`` logits processor that samples each row from its own uniforms (row ``i``
     at step ``t`` uses ``uniforms[i, t]``) and leaves only the drawn token finite, so that
     greedy decoding picks it. ``width``: the prompts' padded length (step 0's input length)."""
@@ -119,9 +123,10 @@ class _RowDraws:
         return out.scatter_(-1, tok.unsqueeze(-1), 0.0)
 
 
-def _uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
-    """[len(seeds), steps]: row i is the first ``steps`` draws of a generator seeded with seeds[i]."""
-    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s)) for s in seeds])
+def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
+    """[len(seeds), steps] float64: row i is the first ``steps`` draws of a generator seeded with seeds[i]."""
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                        for s in seeds])
 
 
 #: ``generate`` settings a hub model's ``generation_config`` may carry and that would change what is
@@ -185,8 +190,8 @@ class HFEngine:
         if not greedy:  # each row draws from its own stream; generate then picks the drawn token
             from transformers import LogitsProcessorList
 
-            uniforms = _uniforms(row_seeds(seeds, len(prompts)), sampling.max_new_tokens).to(self.device)
-            kwargs["logits_processor"] = LogitsProcessorList([_RowDraws(uniforms, width, sampling)])
+            uniforms = row_uniforms(row_seeds(seeds, len(prompts)), sampling.max_new_tokens)  # on the CPU
+            kwargs["logits_processor"] = LogitsProcessorList([RowDraws(uniforms, width, sampling)])
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),

@@ -106,16 +106,24 @@ class ModelPolicy:
     def seeds(self, requests: Sequence[Request]) -> list[int] | None:
         """Each request's sampling seed, a hash of (salt, episode key, turn): an episode's sample
         does not depend on which other episodes share its steps, or on whether its collection was
-        resumed. None when decoding greedily. A request without a key gets a seed from torch's
-        global generator."""
+        resumed. A request repeated in one call (CHAI's k candidates, self-consistency's votes) is
+        k samples: its j-th copy adds j to the hash (the first keeps the plain one). None when
+        decoding greedily. A request without a key gets a seed from torch's global generator."""
         if self.sampling.temperature <= 0:
             return None
         import torch
 
         if self.seed is None:
             self.seed = int(torch.randint(0, 2**62, ()).item())
-        return [random.Random(f"{self.seed}/{r.key}/{r.turn}").randrange(2**62) if r.key is not None
-                else int(torch.randint(0, 2**62, ()).item()) for r in requests]
+        copies: dict[tuple[str, int], int] = {}
+        out = []
+        for r in requests:
+            if r.key is None:
+                out.append(int(torch.randint(0, 2**62, ()).item()))
+                continue
+            j = copies[(r.key, r.turn)] = copies.get((r.key, r.turn), -1) + 1
+            out.append(random.Random(f"{self.seed}/{r.key}/{r.turn}" + (f"/{j}" if j else "")).randrange(2**62))
+        return out
 
     def act(self, requests: Sequence[Request]) -> list[Reply]:
         gens = self.engine.generate(self.prompts(requests), self.sampling, seeds=self.seeds(requests))
@@ -165,8 +173,9 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         tok = load_tokenizer(spec)
         chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
+        # the engine's seed salts the sampler's keyed seeds (without one, torch's global generator does)
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec,
-                           fingerprint=fingerprint)
+                           fingerprint=fingerprint, seed=(engine_opts or {}).get("seed"))
     tok = load_tokenizer(spec)
     model = load_model(spec, device=default_device(device))
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
