@@ -1,11 +1,13 @@
 """k samples per prompt: turnrl's HF engine (each prompt prefilled once, its KV cache
-repeated k times) vs ``transformers``' ``generate(num_return_sequences=k)`` (the prompt
-expanded k times and prefilled k times).
+repeated k times) vs ``transformers``' ``generate`` on the prompts expanded k times (what
+``num_return_sequences=k`` does: each prompt prefilled k times).
 
 This is the sampling of CHAI (k candidate replies per state), Best-of-N and SPPO (K samples
 per task). Both sides run the same model on the same prompts with the same sampling
-settings and seed; HF expands the prompts the same way (each prompt's copies next to each
-other), so both sample the same tokens, which the script checks.
+settings; HF expands the prompts the same way (each prompt's copies next to each other), and
+both draw row i from the same seeded stream (turnrl's ``RowDraws`` logits processor, which the
+engine uses, is passed to the peer's ``generate``), so both sample the same tokens, which the
+script checks.
 
     python benchmarks/shared_prefix.py [--model DIR] [--prompts 16] [--k 5] [--prompt-tokens 600]
                                        [--new-tokens 48] [--repeats 3]
@@ -24,7 +26,7 @@ import torch
 from _common import clock, model_or_tiny, positive  # beside this script
 
 from turnrl.models.loading import load_model, load_tokenizer
-from turnrl.rollout.engine import HFEngine, SamplingConfig, _left_pad
+from turnrl.rollout.engine import HFEngine, RowDraws, SamplingConfig, _left_pad, row_uniforms
 from turnrl.tokenization import ChatFormat
 
 
@@ -58,16 +60,22 @@ def main() -> None:
     ids, attn = _left_pad(prompts, width, engine.pad_id)
     device = next(model.parameters()).device
 
+    seeds = list(range(len(prompts) * args.k))  # row i of both sides: prompt i // k, stream i
+
     def turnrl_side() -> list[list[int]]:
         expanded = [p for p in prompts for _ in range(args.k)]
-        return [g.token_ids for g in engine.generate(expanded, sampling)]
+        return [g.token_ids for g in engine.generate(expanded, sampling, seeds=seeds)]
 
     @torch.inference_mode()
     def hf_side() -> list[list[int]]:
-        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
-                             temperature=1.0, top_p=None, top_k=None, max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, num_return_sequences=args.k,
-                             pad_token_id=engine.pad_id, eos_token_id=None)
+        draws = RowDraws(row_uniforms(seeds, args.new_tokens), width, sampling)
+        # the prompts expanded k times, as num_return_sequences=k does (which greedy generate, the mode
+        # the row draws ride on, refuses)
+        out = model.generate(input_ids=ids.repeat_interleave(args.k, 0).to(device),
+                             attention_mask=attn.repeat_interleave(args.k, 0).to(device), do_sample=False,
+                             temperature=None, top_p=None, top_k=None, max_new_tokens=args.new_tokens,
+                             min_new_tokens=args.new_tokens, pad_token_id=engine.pad_id, eos_token_id=None,
+                             logits_processor=[draws])
         return out[:, width:].tolist()
 
     times: dict[str, list[float]] = {"turnrl": [], "hf": []}

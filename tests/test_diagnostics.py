@@ -126,7 +126,7 @@ class FakeEngine:
         self.ids = chat.tokenize_text(text) + [chat.stop_token_ids[0]]
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         from turnrl.rollout.engine import Generation
 
         self.prompts.extend(list(p) for p in prompts)

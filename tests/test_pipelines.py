@@ -645,6 +645,31 @@ def test_killed_pipeline_resumes_to_the_same_result(tiny_dir: Path, sft_agent: s
 
 
 @pytest.mark.integration
+def test_killed_sampled_exploration_resumes_to_the_same_episodes(tiny_dir: Path, sft_agent: str,
+                                                                 tmp_path: Path) -> None:
+    """An exploration at temperature 1 killed (SIGKILL) after 5 episodes resumes with exactly the
+    episodes an uninterrupted run samples (each turn draws from its own keyed stream), here with
+    three environments, so the resumed episodes run in other batches than the uninterrupted ones."""
+    cfg = {**_pipeline_cfg(tiny_dir, sft_agent), "explore_temperature": 1.0, "num_envs": 3}
+    ref, run = tmp_path / "ref", tmp_path / "killed"
+    _drive(cfg, ref)
+    _drive(cfg, run, kill="explore")
+    explore = run / "iter-1" / "explore.jsonl"
+    assert len(explore.read_text().splitlines()) == 5 and not is_done(explore)
+    _drive(cfg, run)
+
+    def replies(p: Path) -> list[Any]:
+        ts = sorted((json.loads(x) for x in p.read_text().splitlines()), key=lambda t: t["id"])
+        return [[{k: v for k, v in m.items() if k != "logprobs"} for m in t["messages"]] for t in ts]
+
+    assert replies(explore) == replies(ref / "iter-1" / "explore.jsonl")
+    assert len({json.dumps(r) for r in replies(explore)}) > 1
+    s_ref = json.loads((ref / "summary.json").read_text())
+    s_run = json.loads((run / "summary.json").read_text())
+    assert s_run["iterations"][0]["pairs"] == s_ref["iterations"][0]["pairs"]
+
+
+@pytest.mark.integration
 def test_compare_end_to_end_from_the_cli(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``turnrl compare`` on the tiny model, 2 seeds: SFT and SPPO first (no ETO/DMPO, so no
     shared exploration), then the same out with ETO added: the finished stages are skipped,
@@ -819,6 +844,9 @@ def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_pat
     stats: dict[str, int] = {}
     pairs = takeover_pairs(experts, explored, takeovers, stats=stats)
     assert pairs and stats["pairs"] == len(pairs) and "prefix_mismatch" not in stats
+    won = sum(x.success for x in explored)  # counted apart from the lost games no takeover beats
+    assert stats.get("agent_won", 0) == won
+    assert stats["pairs"] + stats.get("no_better_takeover", 0) + won == len(explored)
     of_game: dict[tuple[str, int], list[Any]] = {}
     for y in takeovers:
         of_game.setdefault((y.task_id, y.meta["seed"]), []).append(y)

@@ -11,6 +11,7 @@ from turnrl.agent.parsing import parse_action
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.collect import run_policy
 from turnrl.data.io import read_trajectories
+from turnrl.data.schema import Message
 from turnrl.rollout import ExpertPolicy, HFEngine, ModelPolicy, RandomPolicy, Reply, Request, SamplingConfig
 from turnrl.tokenization import ChatFormat
 
@@ -22,9 +23,9 @@ class RecordingEngine(HFEngine):
         super().__init__(*args, **kwargs)
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self.prompts.extend(list(p) for p in prompts)
-        return super().generate(prompts, sampling)
+        return super().generate(prompts, sampling, seeds)
 
 
 def model_policy(model, tokenizer, **sampling):
@@ -164,6 +165,112 @@ def test_shared_prefill_samples_exactly_what_separate_prefills_do(tiny_model, ti
         assert shared.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     if temperature > 0:  # the copies of one prompt are sampled independently
         assert len({tuple(g.token_ids) for g in outs[0][:3]}) > 1
+
+
+def test_draw_tokens_by_hand() -> None:
+    """Inverse-CDF sampling: the first token whose cumulative probability exceeds the uniform."""
+    import math
+
+    import torch
+
+    from turnrl.rollout.engine import draw_tokens
+
+    scores = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]] * 4)
+    u = torch.tensor([0.1, 0.6, 0.85, 0.4999])
+    assert draw_tokens(scores, u, 1.0).tolist() == [0, 1, 2, 0]
+    # temperature 2: p ~ sqrt(0.5, 0.3, 0.2) = (0.4155, 0.3218, 0.2628)
+    assert draw_tokens(scores, torch.tensor([0.41, 0.42, 0.73, 0.74]), 2.0).tolist() == [0, 1, 1, 2]
+    # top-p 0.7: the nucleus is {0, 1} (0.5 before token 1 < 0.7; 0.8 before token 2), renormalized (0.625, 0.375)
+    assert draw_tokens(scores, torch.tensor([0.6, 0.62, 0.7, 0.9999]), 1.0, 0.7).tolist() == [0, 0, 1, 1]
+    # top-p 0.5: token 0's mass reaches it alone
+    assert draw_tokens(scores, torch.tensor([0.0, 0.5, 0.9, 0.9999]), 1.0, 0.5).tolist() == [0, 0, 0, 0]
+    # a token of probability 0 (-inf) is never drawn, and logits with nothing finite or a NaN are an error
+    masked = torch.tensor([[0.0, float("-inf"), 0.0]])
+    assert [draw_tokens(masked, torch.tensor([u]), 1.0).item() for u in (0.0, 0.4999, 0.5, 0.9999)] == [0, 0, 2, 2]
+    for bad in (torch.tensor([[0.0, float("nan"), 1.0]]), torch.full((1, 3), float("-inf"))):
+        with pytest.raises(ValueError, match="without a finite value or with NaN"):
+            draw_tokens(bad, torch.tensor([0.5]), 1.0)
+
+
+def test_draw_tokens_samples_the_softmax() -> None:
+    import torch
+
+    from turnrl.rollout.engine import draw_tokens
+
+    logits = torch.tensor([1.0, -0.5, 0.3, 2.0, -3.0])
+    n = 40_000
+    toks = draw_tokens(logits.expand(n, -1), torch.rand(n, generator=torch.Generator().manual_seed(0)), 1.5)
+    freq = torch.bincount(toks, minlength=5).float() / n
+    assert freq.tolist() == pytest.approx(torch.softmax(logits / 1.5, -1).tolist(), abs=0.01)
+
+
+def test_a_sampled_row_depends_on_its_prompt_and_seed_only(tiny_model, tiny_tokenizer) -> None:
+    """Each row draws from its own seeded stream: a prompt sampled alone, or in another batch (other
+    rows, other padding, copies sharing a prefill), gives the same tokens under the same seed."""
+    chat = ChatFormat(tiny_tokenizer)
+    a, b = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8."), chat.tokenize_text("O won")
+    c = chat.tokenize_text("X to move. Board: X 1 2 3 O 5 6 7 8. " * 3)
+    engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    batch = engine.generate([a, a, b, c], sampling, seeds=[1, 2, 3, 4])
+    alone = [engine.generate([p], sampling, seeds=[s])[0] for p, s in ((a, 1), (a, 2), (b, 3), (c, 4))]
+    for x, y in zip(batch, alone, strict=True):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    others = engine.generate([a] * 6, sampling, seeds=[11, 12, 13, 14, 15, 16])
+    assert len({tuple(g.token_ids) for g in [batch[0], *others]}) > 1  # other seeds, other samples
+    with pytest.raises(ValueError, match="2 seeds for 1 prompts"):
+        engine.generate([a], sampling, seeds=[1, 2])
+
+
+def test_copies_of_one_request_in_a_call_are_independent_samples(tiny_model, tiny_tokenizer) -> None:
+    """CHAI's k candidates and self-consistency's votes send one request k times in one call: each copy
+    gets its own seed (the first keeps the request's plain one), and so its own sample."""
+    import random as rnd
+
+    from turnrl.bandits.aids import SelfConsistencyAid
+    from turnrl.envs import make
+
+    policy, engine, _ = model_policy(tiny_model, tiny_tokenizer, temperature=1.0, max_new_tokens=12)
+    policy.seed = 3
+    env = make("tictactoe")
+    obs, info = env.reset(seed=1)
+    req = Request(env, [Message("user", obs)], 0, info.get("valid_actions"), rnd.Random(0), key="9/0")
+    seeds = policy.seeds([req] * 5)
+    assert seeds is not None and len(set(seeds)) == 5 and seeds[0] == policy.seeds([req])[0]
+    assert len({r.content for r in policy.act([req] * 5)}) > 1
+    SelfConsistencyAid(policy, k=4).act([req])
+    assert len({tuple(p) for p in engine.prompts[-4:]}) == 1  # one prompt, four copies ...
+    votes = policy.act([req] * 4)
+    assert len({r.content for r in votes}) > 1  # ... four samples
+
+
+@pytest.mark.parametrize("salt", [7, None])
+def test_a_sampled_collection_resumes_with_the_episodes_of_an_uninterrupted_run(
+        tmp_path, tiny_model, tiny_tokenizer, salt: int | None) -> None:
+    """Episodes sampled at temperature 1 are keyed by (salt, episode, turn): a collection killed after
+    some episodes and resumed, with another number of environments, writes the same episodes as one
+    run. Without a salt, the policy draws it from torch's global generator (seeded before each run,
+    as the pipelines seed each sampled stage)."""
+    import torch
+
+    def collect(out, episodes: int, num_envs: int) -> list:
+        torch.manual_seed(5)
+        chat = ChatFormat(tiny_tokenizer)
+        policy = ModelPolicy(HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids), chat,
+                             SamplingConfig(temperature=1.0, max_new_tokens=12), seed=salt)
+        return run_policy(policy, "tictactoe", episodes=episodes, num_envs=num_envs, seed=2, out=out)
+
+    whole = collect(tmp_path / "whole.jsonl", 10, 4)
+    collect(tmp_path / "part.jsonl", 4, 2)  # killed after 4 episodes ...
+    resumed = collect(tmp_path / "part.jsonl", 10, 3)  # ... and resumed with 3 environments
+    def replies(ts: list) -> list:  # every message but its log-probs, which the batch's padding moves in the last bits
+        return [[{k: v for k, v in m.items() if k != "logprobs"} for m in t.to_dict()["messages"]] for t in ts]
+
+    assert replies(resumed) == replies(whole)
+    logps = [[lp for m in t.messages for lp in m.logprobs or []] for t in resumed]
+    assert logps == [pytest.approx([lp for m in t.messages for lp in m.logprobs or []], abs=1e-4) for t in whole]
+    assert len({json.dumps(r) for r in replies(whole)}) > 1
 
 
 def test_scripted_collections_do_not_depend_on_num_envs() -> None:

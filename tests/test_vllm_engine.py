@@ -217,6 +217,10 @@ def test_weight_sync_reload_and_lora_swap(fake_vllm: types.ModuleType, tiny_dir:
     assert llm.calls[-1]["lora_request"] is None
     seeds = [p.kwargs["seed"] for p in llm.calls[-1]["params"]]
     assert len(seeds) == 1  # sampling: one seeded SamplingParams per prompt
+    engine.generate([[5, 6, 7], [5, 6]], SamplingConfig(temperature=1.0, max_new_tokens=2), seeds=[11, 12])
+    assert [p.kwargs["seed"] for p in llm.calls[-1]["params"]] == [11, 12]  # the sampler's keyed seeds
+    with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
+        engine.generate([[5, 6, 7], [5, 6]], SamplingConfig(temperature=1.0, max_new_tokens=2), seeds=[11])
 
 
 def _model_and_tok(tiny_dir: Path) -> tuple[Any, Any]:

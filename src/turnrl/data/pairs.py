@@ -245,8 +245,9 @@ def takeover_pairs(
             else:  # not a takeover of this game (another game of the task and seed, or a forged prefix)
                 stats["prefix_mismatch"] = stats.get("prefix_mismatch", 0) + 1
         better = [(t, y) for t, y in candidates if y.return_ > x.return_]
-        if not better:
-            stats["no_better_takeover"] = stats.get("no_better_takeover", 0) + 1
+        if not better:  # a game the agent won has nothing to take over; a lost one no better takeover
+            key = "agent_won" if x.success else "no_better_takeover"
+            stats[key] = stats.get(key, 0) + 1
             continue
         t, win = max(better, key=lambda c: c[0])
         if not _keep_loser(x, losers, stats):

@@ -12,6 +12,18 @@ arrive as consecutive copies of the same prompt. The HF engine then prefills eac
 prompt once and repeats its KV cache for the copies, instead of running the same prompt
 through the model once per copy; the sampling itself is unchanged (the same rows in the same
 order, so the same random draws).
+
+**A random stream per row.** With temperature > 0, ``generate`` takes one seed per prompt
+(``seeds``), and row ``i``'s tokens are drawn from uniforms of its own generator, seeded with
+``seeds[i]`` (:class:`RowDraws`, :func:`draw_tokens`: inverse-CDF sampling of the temperature / top-p distribution).
+A sample then depends on its prompt, its seed and the weights only, not on which other
+prompts share the batch: the sampler keys each episode's seeds by the episode and turn
+(:class:`~turnrl.rollout.policies.ModelPolicy`), so a collection gives the same episodes with
+any number of environments, and a killed one resumes with exactly the episodes an
+uninterrupted run would have drawn. Without ``seeds``, each row's seed is drawn from torch's
+global generator (reproducible under ``torch.manual_seed``). Up to floating-point: the logits
+of a row can differ in the last bits with the batch's padding, which moves a draw only when its
+uniform lies that close to a boundary of the distribution.
 """
 
 from __future__ import annotations
@@ -58,7 +70,63 @@ def cut_at_stop(token_ids: Sequence[int], logprobs: Sequence[float], stop_token_
 class Engine(Protocol):
     stop_token_ids: list[int]
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """One sample per prompt; with temperature > 0, ``seeds`` (one per prompt) key each row's
+        random stream (None: drawn from torch's global generator)."""
+        ...
+
+
+def row_seeds(seeds: Sequence[int] | None, n: int) -> list[int]:
+    """``seeds`` checked against ``n`` prompts, or ``n`` seeds drawn from torch's global generator."""
+    if seeds is None:
+        return [int(s) for s in torch.randint(0, 2**62, (n,)).tolist()]
+    if len(seeds) != n:
+        raise ValueError(f"{len(seeds)} seeds for {n} prompts")
+    return [int(s) for s in seeds]
+
+
+def draw_tokens(scores: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """One token per row of ``scores`` [B, V], by inverse-CDF sampling with the row's uniform in
+    [0, 1) (``uniforms`` [B]): with ``p = softmax(scores / temperature)``, restricted to the
+    nucleus when ``top_p`` < 1 (the most probable tokens, in order, until their mass reaches
+    ``top_p``; at least one) and renormalized, the token is the first ``k`` with
+    ``sum(p[:k+1]) > u``. Returns [B] token ids. A row's token depends on its own scores and
+    uniform only."""
+    # float64 (MPS has none: float32 there), so that a long vocabulary's small tail keeps its mass
+    probs = torch.softmax(scores.to(torch.float32 if scores.device.type == "mps" else torch.float64) / temperature,
+                          dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # the mass of the tokens ranked above
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    cdf = probs.cumsum(dim=-1)
+    if not bool(torch.isfinite(cdf[:, -1]).all()):  # NaN logits, or a row with no finite logit
+        raise ValueError("cannot sample from logits without a finite value or with NaN")
+    target = (uniforms.to(cdf.dtype).to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
+
+
+class RowDraws:
+    """A ``generate`` logits processor that samples each row from its own uniforms (row ``i``
+    at step ``t`` uses ``uniforms[i, t]``) and leaves only the drawn token finite, so that
+    greedy decoding picks it. ``width``: the prompts' padded length (step 0's input length)."""
+
+    def __init__(self, uniforms: torch.Tensor, width: int, sampling: SamplingConfig):
+        self.uniforms, self.width, self.sampling = uniforms, width, sampling
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.width
+        tok = draw_tokens(scores, self.uniforms[:, step], self.sampling.temperature, self.sampling.top_p)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, tok.unsqueeze(-1), 0.0)
+
+
+def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
+    """[len(seeds), steps] float64: row i is the first ``steps`` draws of a generator seeded with seeds[i]."""
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                        for s in seeds])
 
 
 #: ``generate`` settings a hub model's ``generation_config`` may carry and that would change what is
@@ -95,13 +163,15 @@ class HFEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         if not prompts:
             return []
         with torch.inference_mode(), self.autocast() if self.autocast is not None else nullcontext():
-            return self._generate(prompts, sampling)
+            return self._generate(prompts, sampling, seeds)
 
-    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                  seeds: Sequence[int] | None) -> list[Generation]:
         self.calls += 1
         counts = _runs(prompts) if self.share_prefix else [1] * len(prompts)
         firsts = list(accumulate([0, *counts[:-1]]))
@@ -117,12 +187,17 @@ class HFEngine:
             kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows)
             self.shared_rows += len(prompts) - len(counts)
         ids, attn = ids[rows], attn[rows]
+        if not greedy:  # each row draws from its own stream; generate then picks the drawn token
+            from transformers import LogitsProcessorList
+
+            uniforms = row_uniforms(row_seeds(seeds, len(prompts)), sampling.max_new_tokens)  # on the CPU
+            kwargs["logits_processor"] = LogitsProcessorList([RowDraws(uniforms, width, sampling)])
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
             top_k=None,
             **_NEUTRAL,  # the model's generation_config may set these (repetition_penalty=1.05, ...): not ours
             max_new_tokens=sampling.max_new_tokens,

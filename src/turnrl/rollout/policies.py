@@ -30,6 +30,9 @@ class Request:
     turn: int
     valid_actions: list[str] | None
     rng: random.Random
+    #: the episode's key, unique within a collection (the sampler's ``"<seed>/<index>"`` of its
+    #: planned episode): a model policy keys the turn's random stream by it (:meth:`ModelPolicy.seeds`)
+    key: str | None = None
 
 
 @dataclass
@@ -79,7 +82,7 @@ class ModelPolicy:
     """A language model: every active episode's prompt goes into one engine call."""
 
     def __init__(self, engine: Engine, chat: ChatFormat, sampling: SamplingConfig, *, history: int | None = None,
-                 name: str = "model", fingerprint: str | None = None):
+                 name: str = "model", fingerprint: str | None = None, seed: int | None = None):
         self.engine = engine
         self.chat = chat
         self.sampling = sampling
@@ -88,6 +91,10 @@ class ModelPolicy:
         #: the model's :func:`~turnrl.models.loading.model_fingerprint` (episodes record it, so that a
         #: resumed collection can tell a retrained model saved at the same path); None: unknown
         self.fingerprint = fingerprint
+        #: the salt of every sampling seed (:meth:`seeds`); None: drawn from torch's global generator
+        #: at the first sampled turn, so a pipeline that seeds torch before a stage gets the same salt
+        #: when the stage is rerun to resume
+        self.seed = seed
 
     def prompts(self, requests: Sequence[Request]) -> list[list[int]]:
         out = []
@@ -96,8 +103,30 @@ class ModelPolicy:
             out.append(self.chat.prompt_ids(view))
         return out
 
+    def seeds(self, requests: Sequence[Request]) -> list[int] | None:
+        """Each request's sampling seed, a hash of (salt, episode key, turn): an episode's sample
+        does not depend on which other episodes share its steps, or on whether its collection was
+        resumed. A request repeated in one call (CHAI's k candidates, self-consistency's votes) is
+        k samples: its j-th copy adds j to the hash (the first keeps the plain one). None when
+        decoding greedily. A request without a key gets a seed from torch's global generator."""
+        if self.sampling.temperature <= 0:
+            return None
+        import torch
+
+        if self.seed is None:
+            self.seed = int(torch.randint(0, 2**62, ()).item())
+        copies: dict[tuple[str, int], int] = {}
+        out = []
+        for r in requests:
+            if r.key is None:
+                out.append(int(torch.randint(0, 2**62, ()).item()))
+                continue
+            j = copies[(r.key, r.turn)] = copies.get((r.key, r.turn), -1) + 1
+            out.append(random.Random(f"{self.seed}/{r.key}/{r.turn}" + (f"/{j}" if j else "")).randrange(2**62))
+        return out
+
     def act(self, requests: Sequence[Request]) -> list[Reply]:
-        gens = self.engine.generate(self.prompts(requests), self.sampling)
+        gens = self.engine.generate(self.prompts(requests), self.sampling, seeds=self.seeds(requests))
         stops = set(self.chat.stop_token_ids)
         out = []
         for g in gens:
@@ -144,8 +173,9 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         tok = load_tokenizer(spec)
         chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
+        # the engine's seed salts the sampler's keyed seeds (without one, torch's global generator does)
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec,
-                           fingerprint=fingerprint)
+                           fingerprint=fingerprint, seed=(engine_opts or {}).get("seed"))
     tok = load_tokenizer(spec)
     model = load_model(spec, device=default_device(device))
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))

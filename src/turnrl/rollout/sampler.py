@@ -10,6 +10,10 @@ Episodes are planned up front (:func:`plan_episodes`): episode ``i`` of a split 
 task ``task_ids[i % n]`` and draws its randomness (expert tie-breaks, random actions, the
 env's reset seed) from ``(seed, i)`` alone, so scripted collections do not depend on the
 number of environments and resumed collections skip exactly the episodes already written.
+A model policy samples each turn from a random stream keyed by the episode (``Request.key``,
+``"<seed>/<index>"``) and the turn (:meth:`~turnrl.rollout.policies.ModelPolicy.seeds`), so
+sampled collections do not depend on it either, and a resumed one finishes with the episodes an
+uninterrupted run would have sampled.
 
 A trajectory's ``meta`` has the policy's name, the episode's seed and index, the final
 observation and the env's outcome keys; where the env reports ``info["expected_reward"]`` on
@@ -131,7 +135,9 @@ class Sampler:
             if not active:
                 break
             requests = [
-                Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng) for s in active
+                Request(s.env, s.messages, s.turn, s.info.get("valid_actions"), s.rng,
+                        f"{s.spec.seed}/{s.spec.index}" if s.spec is not None else None)
+                for s in active
             ]
             replies = self._act(active, requests)
             for slot, reply in zip(active, replies, strict=True):

@@ -19,6 +19,9 @@ Weights follow the trainer between iterations in one of two ways:
 vLLM is an optional extra (``pip install 'turnrl[vllm]'``, Linux + CUDA); it is imported
 when an engine is built, and a missing install is a one-line error.
 
+With temperature > 0 each request gets its own seed: ``generate``'s ``seeds`` (the sampler's
+per-episode, per-turn seeds) or, without them, the next of a counter started at ``seed``.
+
 Departures from :class:`HFEngine`: sampling draws from vLLM's kernels, so with temperature
 > 0 the samples differ from HF's for the same seed (greedy decoding agrees up to
 floating-point ties); a request stopped by ``max_new_tokens`` reports ``finished=False``
@@ -148,13 +151,16 @@ class VLLMEngine:
     def sampling_params(self, sampling: SamplingConfig) -> Any:
         return sampling_params(self.vllm, sampling, self.stop_token_ids, seed=None)
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         if not prompts:
             return []
         self.calls += 1
         if sampling.temperature > 0:  # one seed per request: reproducible, independent of batching
-            params = [sampling_params(self.vllm, sampling, self.stop_token_ids, seed=next(self._request_seeds))
-                      for _ in prompts]
+            if seeds is not None and len(seeds) != len(prompts):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+            keyed = seeds if seeds is not None else [next(self._request_seeds) for _ in prompts]
+            params = [sampling_params(self.vllm, sampling, self.stop_token_ids, seed=s) for s in keyed]
         else:
             params = self.sampling_params(sampling)
         inputs = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
