@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.errors import TurnRLError
-from turnrl.rollout.engine import Generation, SamplingConfig, cut_at_stop
+from turnrl.rollout.engine import Generation, SamplingConfig, cut_at_stop, row_seeds
 
 ENGINES = ("hf", "vllm")
 
@@ -157,9 +157,7 @@ class VLLMEngine:
             return []
         self.calls += 1
         if sampling.temperature > 0:  # one seed per request: reproducible, independent of batching
-            if seeds is not None and len(seeds) != len(prompts):
-                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-            keyed = seeds if seeds is not None else [next(self._request_seeds) for _ in prompts]
+            keyed = row_seeds(seeds, len(prompts)) if seeds is not None else [next(self._request_seeds) for _ in prompts]
             params = [sampling_params(self.vllm, sampling, self.stop_token_ids, seed=s) for s in keyed]
         else:
             params = self.sampling_params(sampling)
