@@ -23,6 +23,19 @@ def test_registered_envs_pass(name: str) -> None:
     assert check_env(name) == []
 
 
+@pytest.mark.parametrize("name", [n for n in turnrl.envs.names() if n not in SLOW_ENVS])
+def test_reset_chooses_the_task_by_task_id_else_by_seed_within_the_split(name: str) -> None:
+    env = turnrl.envs.make(name)
+    seen = env.task_ids("seen")
+    for seed in (0, 3, len(seen) + 2):
+        assert env.reset(seed=seed, options={"split": "seen"})[1]["task_id"] == seen[seed % len(seen)]
+    assert env.reset(seed=5)[1]["task_id"] == env.task_ids("train")[5 % len(env.task_ids("train"))]
+    assert env.reset(seed=1, options={"task_id": seen[-1]})[1]["task_id"] == seen[-1]
+    assert all(env.reset(options={"split": "seen"})[1]["task_id"] in seen for _ in range(5))
+    with pytest.raises(TurnRLError, match=rf"^{name}: unknown reset option 'spilt'; choose from: split, task_id$"):
+        env.reset(seed=0, options={"spilt": "seen"})
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

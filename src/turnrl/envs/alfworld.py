@@ -128,7 +128,6 @@ class ALFWorld(TextEnv):
             self._games[split] = dict(sorted(files.items()))
         if not any(self._games.values()):
             raise TurnRLError(f"alfworld: no ALFWorld games (game.tw-pddl) under {str(root)!r}")
-        self._unseeded = random.Random()
         self._env: Any = None
         self._state: Any = None
         self._task_id = ""
@@ -152,15 +151,7 @@ class ALFWorld(TextEnv):
         return ids
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"alfworld: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         path = next((g[task_id] for g in self._games.values() if task_id in g), None)
         if path is None:
             raise TurnRLError(f"alfworld: unknown task id {task_id!r}; expected a game directory under "

@@ -191,7 +191,6 @@ class BanditEnvBase(TextEnv):
         self.episode = 0
         self._inst: Instance | None = None
         self._task_id = ""
-        self._unseeded = random.Random()
         self._regret = 0.0
         #: the scripted expert (``expert`` names its algorithm; it reports UCB values with ``ucb_c``)
         self._expert = ScriptedAgent(make_algorithm(f"{expert}:c={self.ucb_c:g}"))
@@ -230,15 +229,7 @@ class BanditEnvBase(TextEnv):
         return Instances.stack([self.instance(t, horizon) for t in task_ids], self.setting)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"{self.name}: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         self._inst = self.instance(task_id)
         self._task_id = task_id
         self.history = []

@@ -19,6 +19,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from turnrl.errors import TurnRLError
+
 SPLITS = ("train", "seen", "unseen")
 
 
@@ -40,6 +42,8 @@ class TextEnv(abc.ABC):
     name: ClassVar[str] = ""
     #: Upper bound on agent turns in one episode (the sampler stops there, truncated).
     max_turns: int = 50
+    #: Draws the task of a reset with no seed (made on first use, one per env instance).
+    _unseeded: random.Random | None = None
 
     @abc.abstractmethod
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
@@ -63,6 +67,24 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def expert(self, rng: random.Random) -> ExpertStep:
         """The expert's next action in the current state, with a templated rationale."""
+
+    def choose_task(self, seed: int | None, options: dict[str, Any] | None) -> Any:
+        """The task a :meth:`reset` starts: ``options["task_id"]`` as given (the env checks it),
+        else ``task_ids(options.get("split", "train"))[seed % len]``, or a random task of that
+        split when ``seed`` is None. Any other option raises :class:`~turnrl.errors.TurnRLError`
+        naming it."""
+        options = options or {}
+        extra = sorted(set(options) - {"task_id", "split"})
+        if extra:
+            raise TurnRLError(f"{self.name}: unknown reset option {extra[0]!r}; choose from: split, task_id")
+        if "task_id" in options:
+            return options["task_id"]
+        ids = self.task_ids(options.get("split", "train"))
+        if seed is not None:
+            return ids[seed % len(ids)]
+        if self._unseeded is None:
+            self._unseeded = random.Random()
+        return self._unseeded.choice(ids)
 
     def valid_actions(self) -> list[str] | None:
         """The actions allowed now, or None where the env cannot enumerate them."""

@@ -513,7 +513,6 @@ class Household(TextEnv):
             raise TurnRLError(f"household: max_turns must be a positive integer (got {max_turns!r})")
         self.num_tasks = num_tasks
         self.max_turns = max_turns
-        self._unseeded = random.Random()
         self._env: Any = None
         self._spec: TaskSpec | None = None
         self._state: Any = None
@@ -535,15 +534,7 @@ class Household(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         import textworld
 
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"household: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         parse_task(task_id)
         game, spec = ensure_game(task_id)
         self.close()

@@ -363,7 +363,6 @@ class ScienceWorld(TextEnv):
 
             self.gold_dir = turnrl_home() / "scienceworld" / f"gold-{_package_version()}"
         self._java: JavaProcess | None = None
-        self._unseeded = random.Random()
         self._task_id = ""
         self._task: tuple[str, int] | None = None
         self._description = ""
@@ -393,15 +392,7 @@ class ScienceWorld(TextEnv):
         return self._java.pid if self._java is not None and self._java.alive else None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"scienceworld: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         name, variation = parse_task(task_id)
         if name not in self.task_names:
             raise TurnRLError(f"scienceworld: task {name!r} is not among this env's task_names")

@@ -473,7 +473,6 @@ class Shop(TextEnv):
             raise TurnRLError(f"shop: max_turns must be an integer >= 3 (got {max_turns!r})")
         self.max_turns = max_turns
         self.cat = catalogue()
-        self._unseeded = random.Random()
         self._goal: Goal | None = None
         self._task_id = ""
         self._page = _Page("search")
@@ -499,15 +498,7 @@ class Shop(TextEnv):
         return list(ids[split])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"shop: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         self._goal = parse_task(task_id)
         self._task_id = task_id
         self._page = _Page("search")

@@ -254,7 +254,6 @@ class TicTacToe(TextEnv):
         self.agent_first = agent_first
         self.show_legal_moves = show_legal_moves
         self.agent_mark = "X" if agent_first else "O"
-        self._unseeded = random.Random()
         self._board: str | None = None
         self._task_id = ""
         self._rng = random.Random(0)
@@ -277,15 +276,7 @@ class TicTacToe(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         """Start a task: ``options["task_id"]``, else ``task_ids(options.get("split",
         "train"))[seed % len]`` (a random one when ``seed`` is None)."""
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"tictactoe: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         board, opp_seed = parse_task(task_id)
         self._task_id = task_id
         self._rng = random.Random(opp_seed)

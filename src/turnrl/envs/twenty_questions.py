@@ -146,7 +146,6 @@ class QAGame(TextEnv):
             "seen": tuple(seen),
             "unseen": tuple(self.task_id_of(it) for it in self.items if it.group in self.held_out),
         }
-        self._unseeded = random.Random()
         self._secret: Item | None = None
         self._task_id = ""
         self._candidates: tuple[Item, ...] = ()
@@ -169,15 +168,7 @@ class QAGame(TextEnv):
         return self._instruction(self._candidates or self._pool["in"])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"{self.name}: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         if task_id not in self._by_id:
             raise TurnRLError(
                 f"{self.name}: unknown task id {task_id!r}{did_you_mean(str(task_id), self._by_id)}; "

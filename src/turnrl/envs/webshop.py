@@ -199,7 +199,6 @@ class WebShopHTTP(TextEnv):
             a, b = self._splits[first], self._splits[split]
             if a.start < b.stop and b.start < a.stop:
                 raise TurnRLError(f"webshop: {first}_goals and {split}_goals overlap")
-        self._unseeded = random.Random()
         self._task_id = ""
         self._page = ParsedPage()
         self._page_url = ""
@@ -222,15 +221,7 @@ class WebShopHTTP(TextEnv):
         return [f"fixed_{i}" for i in self._splits[split]]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        options = dict(options or {})
-        extra = sorted(set(options) - {"task_id", "split"})
-        if extra:
-            raise TurnRLError(f"webshop: unknown reset option {extra[0]!r}; choose from: split, task_id")
-        if "task_id" in options:
-            task_id = options["task_id"]
-        else:
-            ids = self.task_ids(options.get("split", "train"))
-            task_id = ids[seed % len(ids)] if seed is not None else self._unseeded.choice(ids)
+        task_id = self.choose_task(seed, options)
         if not isinstance(task_id, str) or not re.fullmatch(r"fixed_[0-9]+", task_id):
             raise TurnRLError(f"webshop: unknown task id {task_id!r}; expected 'fixed_<goal index>', e.g. 'fixed_0'")
         self._task_id = task_id
