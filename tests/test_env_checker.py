@@ -36,6 +36,21 @@ def test_reset_chooses_the_task_by_task_id_else_by_seed_within_the_split(name: s
         env.reset(seed=0, options={"spilt": "seen"})
 
 
+@pytest.mark.parametrize("name", [n for n in turnrl.envs.names() if n not in SLOW_ENVS])
+def test_step_refuses_before_the_first_reset_and_after_the_episode_ends(name: str) -> None:
+    env = turnrl.envs.make(name)
+    with pytest.raises(TurnRLError, match=rf"^{name}: call reset\(\) before step\(\)$"):
+        env.step("x")
+    env.reset(seed=0)
+    rng, done, turns = random.Random(0), False, 0
+    while not done:
+        _, _, terminated, truncated, _ = env.step(env.expert(rng).action)
+        done, turns = terminated or truncated, turns + 1
+        assert turns <= env.max_turns
+    with pytest.raises(TurnRLError, match=rf"^{name}: the episode is over; call reset\(\) to start a new one$"):
+        env.step("x")
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

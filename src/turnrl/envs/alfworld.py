@@ -168,10 +168,7 @@ class ALFWorld(TextEnv):
         return str(self._state.feedback).strip(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._env is None:
-            raise TurnRLError("alfworld: call reset() before step()")
-        if self._done:
-            raise TurnRLError("alfworld: the episode is over; call reset() to start a new one")
+        self.running(self._env, over=self._done)
         self._turns += 1
         cmd = " ".join(action.split()) if isinstance(action, str) else ""
         valid = cmd in (self._state.admissible_commands or [])

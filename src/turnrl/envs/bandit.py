@@ -329,11 +329,7 @@ class BanditEnvBase(TextEnv):
     # -- internals -----------------------------------------------------------------------
 
     def _running(self) -> Instance:
-        if self._inst is None:
-            raise TurnRLError(f"{self.name}: call reset() before step()")
-        if len(self.history) >= self.horizon:
-            raise TurnRLError(f"{self.name}: the episode is over; call reset() to start a new one")
-        return self._inst
+        return self.running(self._inst, over=len(self.history) >= self.horizon)
 
     def _success(self) -> bool:
         """Whether the finished episode counts as a success (the most pulled arm is the best)."""

@@ -17,11 +17,12 @@ from __future__ import annotations
 import abc
 import random
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from turnrl.errors import TurnRLError
 
 SPLITS = ("train", "seen", "unseen")
+_State = TypeVar("_State")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,16 @@ class TextEnv(abc.ABC):
         if self._unseeded is None:
             self._unseeded = random.Random()
         return self._unseeded.choice(ids)
+
+    def running(self, state: _State | None, *, over: bool) -> _State:
+        """The state of the episode a :meth:`step` continues (whatever the env keeps while an
+        episode runs: its board, goal, process...). Raises :class:`~turnrl.errors.TurnRLError`
+        before the first reset (``state`` None) and after the episode ended (``over``)."""
+        if state is None:
+            raise TurnRLError(f"{self.name}: call reset() before step()")
+        if over:
+            raise TurnRLError(f"{self.name}: the episode is over; call reset() to start a new one")
+        return state
 
     def valid_actions(self) -> list[str] | None:
         """The actions allowed now, or None where the env cannot enumerate them."""

@@ -547,10 +547,7 @@ class Household(TextEnv):
         return self._view(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._spec is None:
-            raise TurnRLError("household: call reset() before step()")
-        if self._done:
-            raise TurnRLError("household: the episode is over; call reset() to start a new one")
+        self.running(self._spec, over=self._done)
         self._turns += 1
         cmd = " ".join(action.split()).lower() if isinstance(action, str) else ""
         valid = cmd in self._state.admissible_commands

@@ -413,10 +413,7 @@ class ScienceWorld(TextEnv):
         return obs, self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._task is None:
-            raise TurnRLError("scienceworld: call reset() before step()")
-        if self._done:
-            raise TurnRLError("scienceworld: the episode is over; call reset() to start a new one")
+        self.running(self._task, over=self._done)
         text = " ".join(action.split()) if isinstance(action, str) else ""
         if self._failure is None:
             try:

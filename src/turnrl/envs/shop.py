@@ -510,10 +510,7 @@ class Shop(TextEnv):
         return self._render(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._goal is None:
-            raise TurnRLError("shop: call reset() before step()")
-        if self._done:
-            raise TurnRLError("shop: the episode is over; call reset() to start a new one")
+        self.running(self._goal, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         m = re.fullmatch(r"(search|click)\[(.*)\]", text, re.DOTALL | re.IGNORECASE)

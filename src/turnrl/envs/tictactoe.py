@@ -291,14 +291,11 @@ class TicTacToe(TextEnv):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """Play the agent's cell, then the opponent's reply (see module doc)."""
-        if self._board is None:
-            raise TurnRLError("tictactoe: call reset() before step()")
-        if self._done:
-            raise TurnRLError("tictactoe: the episode is over; call reset() to start a new one")
+        board = self.running(self._board, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         cell = int(text) if re.fullmatch(r"[0-9]+", text) else -1
-        if not 0 <= cell <= 8 or self._board[cell] != EMPTY:
+        if not 0 <= cell <= 8 or board[cell] != EMPTY:
             why = f"cell {cell} is taken" if 0 <= cell <= 8 else "choose an empty cell 0-8"
             truncated = self._turns >= self.max_turns
             self._done = truncated
@@ -313,7 +310,7 @@ class TicTacToe(TextEnv):
                 info,
             )
 
-        self._board = play(self._board, cell, self.agent_mark)
+        self._board = play(board, cell, self.agent_mark)
         prefix, opp = "", None
         if not is_over(self._board):
             opp = str(self._opponent_move())

@@ -185,23 +185,20 @@ class QAGame(TextEnv):
         return obs, self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._secret is None:
-            raise TurnRLError(f"{self.name}: call reset() before step()")
-        if self._done:
-            raise TurnRLError(f"{self.name}: the episode is over; call reset() to start a new one")
+        secret = self.running(self._secret, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         kind, reply, target = self._interpret(text)
-        if kind == "guess" and target is self._secret:
+        if kind == "guess" and target is secret:
             self._done = True
             info = self._info(kind="guess", question=text)
             info.update(won=True, success=True, outcome="win", questions=self._turns)
-            return f"Yes! It is {self._secret.phrase}. You found it in {self._turns} questions.", 0.0, True, False, info
+            return f"Yes! It is {secret.phrase}. You found it in {self._turns} questions.", 0.0, True, False, info
         invalid = kind == "unknown"
         if kind == "guess" and target is not None:
             self._alive = [it for it in self._alive if it is not target]
         elif isinstance(target, Question):
-            said = target.answer(self._secret)
+            said = target.answer(secret)
             self._alive = [it for it in self._alive if target.answer(it) == said]
         left = self.max_turns - self._turns
         info = self._info(kind=kind, question=text, invalid=invalid)
@@ -209,7 +206,7 @@ class QAGame(TextEnv):
             self._done = True
             info.update(won=False, success=False, outcome="out_of_questions", questions=self._turns,
                         valid_actions=[])
-            return f"{reply} No questions left: it was {self._secret.phrase}.", -1.0, True, False, info
+            return f"{reply} No questions left: it was {secret.phrase}.", -1.0, True, False, info
         return f"{reply} {left} question{'s' if left != 1 else ''} left.", -1.0, False, False, info
 
     def valid_actions(self) -> list[str] | None:

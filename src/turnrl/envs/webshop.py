@@ -235,10 +235,7 @@ class WebShopHTTP(TextEnv):
         return self._page.observation(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if not self._started:
-            raise TurnRLError("webshop: call reset() before step()")
-        if self._done:
-            raise TurnRLError("webshop: the episode is over; call reset() to start a new one")
+        self.running(self._task_id or None, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         m = re.fullmatch(r"(search|click)\[(.*)\]", text, re.DOTALL | re.IGNORECASE)
