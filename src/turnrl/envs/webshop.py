@@ -235,7 +235,7 @@ class WebShopHTTP(TextEnv):
         return self._page.observation(), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        self.running(self._task_id or None, over=self._done)
+        self.running(self._task_id if self._started else None, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         m = re.fullmatch(r"(search|click)\[(.*)\]", text, re.DOTALL | re.IGNORECASE)
