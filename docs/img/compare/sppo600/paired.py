@@ -4,7 +4,7 @@ each row's lost games come from.
     python docs/img/compare/sppo600/paired.py OUT [SEED ...]
 
 OUT is the `turnrl compare` directory (runs/compare/sppo600); SEEDs, if given, restrict the reading to
-those seeds (the second stage's T9-new, PREREGISTERED2.txt). It prints each seed's SFT agent and SPPO
+those seeds (T9-new of the second and third stages, PREREGISTERED2.txt and PREREGISTERED3.txt). It prints each seed's SFT agent and SPPO
 agent by iteration (greedy avg reward on the 200 seen games), both rows' means with a 95% CI across the
 seeds, the paired difference, the two tests' verdicts, and per row the lost games split into those
 lost by an invalid move and those lost on the board.
