@@ -305,6 +305,26 @@ def test_contextual_prompt_describes_users_and_movies() -> None:
     assert re.match(r"Step=1 User=[a-z-]+/\d+/[a-z]+/[A-Za-z]+/\[[-+0-9.,]+\] Action=\w+ Reward=-?\d+\.\d\d", obs)
 
 
+def test_contextual_randomized_labels_show_each_steps_genre_mix() -> None:
+    """With ``randomize_labels`` a label names another movie at every step, so the instruction lists
+    no genre mix and each step lists it under that step's labels: the mix shown under the label
+    pulled is the pulled movie's."""
+    env = envs.make("contextual_bandit", randomize_labels=True, horizon=6)
+    obs, _ = env.reset(seed=3)
+    assert "genre mix (0 = none, 1 = fully):\n" not in env.instruction
+    genres = env._inst.meta["genres"]
+    moved = False
+    for t in range(6):
+        rows = re.findall(r"^(\w+): action (\S+), comedy (\S+), drama (\S+), romance (\S+)$", obs, re.M)
+        shown = {m[0]: [float(v) for v in m[1:]] for m in rows}
+        assert sorted(shown) == sorted(env.labels)
+        label = env.labels[t % len(env.labels)]
+        obs, _, _, _, info = env.step(label)
+        assert shown[label] == pytest.approx([round(v, 1) for v in genres[info["arm"]]], abs=1e-9)
+        moved |= info["arm"] != env.labels.index(label)
+    assert moved  # the labels did not name the movies in their listed order at every step
+
+
 def test_button_labels_are_the_colours() -> None:
     env = envs.make("bandit", arms=20)
     assert env.labels == list(COLOURS)

@@ -106,6 +106,23 @@ def test_cli_collect_with_workers(tmp_path: Path) -> None:
     assert outs[0] == outs[1] and len(outs[0].splitlines()) == 6
 
 
+@pytest.mark.parametrize("policy", ["ucb", "greedy"])
+def test_scripted_bandit_policies_refuse_workers_before_writing(tmp_path: Path, policy: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A scripted bandit policy (and the epsilon-greedy / try-all aids) reads the env object's arms, which
+    a worker keeps in its own process: refused up front, with nothing written; in-process it runs."""
+    out = tmp_path / "b.jsonl"
+    args = ["collect", "--env", "bandit", "--policy", policy, "--env-opt", "horizon=3", "--episodes", "2", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--workers", "1"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code != 0 and err == f"error: policy '{policy}' reads the env's state in this process: run it " \
+        "without workers (--workers)"
+    assert not out.exists()
+    main(args)
+    assert len(out.read_text().splitlines()) == 2
+
+
 def test_cli_collect_progress_bar_goes_to_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """The bar is on stderr (whose terminal decides whether it shows), never in stdout's output."""

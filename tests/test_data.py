@@ -283,11 +283,10 @@ BAD_LINES: list[tuple[str, str, str]] = [
     ("rewards not a list", json.dumps(with_changes(rewards=1.0)), "rewards must be a list of numbers"),
     ("rewards length", json.dumps(with_changes(rewards=[1.0])), "rewards has 1 entries but there are 2"),
     ("return not a number", json.dumps(with_changes(**{"return": "1"})), "'return' is not a number"),
-    (
-        "return nan",
-        json.dumps(with_changes(**{"return": float("nan")})),
-        "'return' is not a number (got nan)",
-    ),
+    # Python's reader takes NaN and Infinity, which no writer here can write back: refused where read
+    ("return nan", json.dumps(with_changes(**{"return": float("nan")})), "invalid JSON: NaN is not a JSON number"),
+    ("meta infinity", json.dumps(with_changes(meta={"score": -float("inf")})),
+     "invalid JSON: -Infinity is not a JSON number"),
     # integers too large for a float, or for Python to read at all, and nesting too deep to parse
     ("return too large", json.dumps(with_changes(**{"return": 10**400})), "'return' is not a number (got 1000"),
     ("reward too large", json.dumps(with_changes(rewards=[0.0, 10**400])), "rewards must be a list of numbers"),
@@ -521,6 +520,10 @@ def test_eto_invalid_json_and_no_partial_output(tmp_path: Path) -> None:
         import_eto(tmp_path / "missing.json")
     with pytest.raises(TurnRLError, match="source must be one of"):
         import_eto(bad, source="human")
+    bad.write_text('[{"id": 1, "reward": Infinity, "conversations": []}]')
+    with pytest.raises(TurnRLError, match=r"eto\.json: invalid JSON: Infinity is not a JSON number"):
+        convert_eto(bad, out)
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- pair builders

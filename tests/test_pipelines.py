@@ -873,6 +873,8 @@ def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_pat
 def test_takeover_pairs_fall_back_on_the_expert_game_of_the_same_task_and_seed(tmp_path: Path) -> None:
     """A task the plan plays twice (two env seeds) has two expert games; each explored game falls back
     on the one of its own seed, so every lost game the expert's own game beats is paired."""
+    from dataclasses import replace
+
     from turnrl.collect import run_policy
     from turnrl.data.pairs import takeover_pairs
     from turnrl.pipelines.eto import EtoConfig, _train_specs
@@ -891,8 +893,51 @@ def test_takeover_pairs_fall_back_on_the_expert_game_of_the_same_task_and_seed(t
     assert len(beaten) > len(once) // 2 and len(pairs) == len(beaten) and "no_expert" not in stats
     assert all(p.chosen is expert_of[(p.rejected.task_id, p.rejected.meta["seed"])] for p in pairs)
     stats = {}
-    takeover_pairs(experts[: len(once)], explored, [], stats=stats)  # the second seed's expert games missing
+    # the second seed's expert games missing: each task has one expert game, the one its games fall back on
+    pairs = takeover_pairs(experts[: len(once)], explored, [], stats=stats)
+    assert "no_expert" not in stats and {p.chosen.meta["seed"] for p in pairs} <= {s.seed for s in once}
+    stats = {}
+    takeover_pairs(experts[len(once):] + [replace(e, meta={**e.meta, "seed": -1}) for e in experts[len(once):]],
+                   explored[: len(once)], [], stats=stats)  # two expert games a task, neither of the game's seed
     assert stats["no_expert"] == len(once)
+
+
+def test_pairs_and_sample_groups_are_per_game_when_the_plan_repeats_tasks(tmp_path: Path) -> None:
+    """A plan with more episodes than the split has tasks plays a task again with another env seed:
+    another game. Trajectory and step pairs compare an explored game with the expert game of its own
+    seed, and SPPO's win rates and self-play pairs are taken within the K samples of one game. On
+    twenty questions (54 train tasks, 49 of which play differently with another seed) an agent that
+    replays the expert's own games must give no pair at all."""
+    from collections import Counter
+
+    from turnrl.data.pairs import self_play_pairs, step_pairs, trajectory_pairs
+    from turnrl.oracles import EnvRewardOracle, score_samples
+    from turnrl.pipelines.eto import EtoConfig, _play, _train_specs, step_plan
+    from turnrl.rollout import ExpertPolicy, RandomPolicy
+
+    cfg = EtoConfig(env="twenty_questions", env_opts={}, instruction=None, expert_episodes=120, num_envs=16)
+    specs = _train_specs(cfg)
+    assert len({s.task_id for s in specs}) < len(specs)  # tasks played twice or three times
+    experts = _play(ExpertPolicy(), cfg, specs, tmp_path / "expert.jsonl")
+    replayed = _play(ExpertPolicy(), cfg, specs, tmp_path / "replayed.jsonl")
+    by_task = Counter(e.task_id for e in experts)
+    assert any(len({e.return_ for e in experts if e.task_id == t}) > 1 for t, n in by_task.items() if n > 1)
+    stats: dict[str, int] = {}
+    assert trajectory_pairs(experts, replayed, stats=stats) == [] and stats["same_return"] == len(specs)
+    steps = _play(ExpertPolicy(), cfg, step_plan(cfg, specs, experts, 1), tmp_path / "steps.jsonl")
+    stats = {}
+    assert step_pairs(experts, steps, stats=stats) == [] and "prefix_mismatch" not in stats
+
+    # two samples of every game, the expert's and a random agent's, as SPPO's K = 2
+    randoms = _play(RandomPolicy(), cfg, specs, tmp_path / "random.jsonl")
+    scored = {(t.game, t.source): t.meta for t in score_samples(experts + randoms, EnvRewardOracle(1.0))}
+    for e, r in zip(experts, randoms, strict=True):  # P(e > e) = 1/2 and P(e > r) = sigmoid(r_e - r_r)
+        assert scored[(e.game, "expert")]["group_size"] == 2
+        assert scored[(e.game, "expert")]["win_rate"] == pytest.approx((0.5 + 1 / (1 + math.exp(r.return_ - e.return_))) / 2)
+    pairs = self_play_pairs(experts + randoms)
+    differ = sum(e.return_ != r.return_ for e, r in zip(experts, randoms, strict=True))
+    assert len(pairs) == differ > len(by_task)  # one pair a game, not one a task
+    assert all(p.chosen.game == p.rejected.game and p.chosen.return_ > p.rejected.return_ for p in pairs)
 
 
 def test_episode_spec_replays_expert_turns_or_replies_not_both() -> None:
@@ -978,3 +1023,39 @@ def test_cli_pairs_takeover_mode(tmp_path: Path, capsys: pytest.CaptureFixture[s
                         str(tmp_path / "q.jsonl")], capsys)
     assert "--takeovers is for --mode takeover (got --mode trajectory)" in one_line_error(code, err)
     assert not (tmp_path / "q.jsonl").exists()
+
+
+def test_self_play_rft_init_base_retrains_the_base_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Self-play's first iteration is RFT; ``rft_init: base`` retrains the base model (``base``), not
+    the SFT agent the pipeline starts from (it was handed the SFT agent as the base)."""
+    from turnrl.pipelines import eto
+
+    bases: list[str] = []
+    monkeypatch.setattr(eto, "rft", lambda cfg, base, model, *a, **kw: bases.append(base) or "rft-model")
+    monkeypatch.setattr(eto, "_policy", lambda model, cfg, temperature: _FixedCells())
+    monkeypatch.setattr(eto, "evaluate_model", lambda cfg, model, out, label: [])
+    cfg = eto.EtoConfig(base="the-base", self_play=True, rft_init="base", expert_episodes=4, iterations=1).check()
+    summary = eto.run_pipeline(cfg, tmp_path / "run", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
+    assert bases == ["the-base"] and summary["final_model"] == "rft-model"
+
+
+def test_compare_base_row_is_one_evaluation_when_greedy_and_one_a_seed_when_sampled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The untrained model plays the same greedy games whatever the seed, so the seeds share one
+    evaluation; sampled evaluation games depend on the seed, so each seed plays its own (a shared
+    one gave the base row a CI of width 0 across seeds)."""
+    from turnrl.pipelines import compare
+    from turnrl.pipelines.eto import EtoConfig
+
+    outs: list[Path] = []
+    monkeypatch.setattr(compare, "evaluate_model",
+                        lambda pipe, model, out, label, **kw: outs.append(out) or [{"split": "seen", "seed": pipe.seed}])
+    for temp in (0.0, 1.0):
+        root = tmp_path / f"t{temp}"
+        cfg = compare.CompareConfig(out=str(root), pipeline=EtoConfig(eval_temperature=temp))
+        for s in (0, 1):
+            run = compare.SeedRun(cfg, s, root / f"seed-{s}", cfg.pipeline.model_copy(update={"seed": s}), "base",
+                                  "sft", root / "expert.jsonl")
+            assert compare._base(run)[0]["method"] == "base"
+    assert outs == [tmp_path / "t0.0" / "base-eval.json", tmp_path / "t1.0" / "seed-0" / "base-eval.json",
+                    tmp_path / "t1.0" / "seed-1" / "base-eval.json"]

@@ -72,6 +72,90 @@ def test_shared_prefix_packing_equals_separate_sequences(tiny_model, impl: str) 
     assert shared.real_tokens == plain.real_tokens - 30 - 2 * 17
 
 
+class _Wrapped(torch.nn.Module):
+    """What DistributedDataParallel looks like from outside: no ``config``, the model in ``.module``."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_shared_prefix_packing_looks_through_a_ddp_wrapper(tiny_model) -> None:
+    """The 4-D mask takes the form of the wrapped model's attention (eager: additive 0/-inf). A
+    wrapper used to be taken for sdpa, so an eager model got a bool mask and added it as 0/1."""
+    g = torch.Generator().manual_seed(1)
+    vocab = tiny_model.config.vocab_size
+    prefix = torch.randint(5, vocab, (20,), generator=g).tolist()
+    units = [[_seq(prefix, 8, g, vocab), _seq(prefix, 6, g, vocab)], [_seq(prefix[:5], 9, g, vocab)]]
+    shared, plain = pack_shared(units, row_tokens=200), pack([s for u in units for s in u], row_tokens=200)
+    old = tiny_model.config._attn_implementation
+    tiny_model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            want = token_logps(tiny_model, plain)
+            assert torch.allclose(token_logps(tiny_model, shared), want, atol=1e-5)
+            assert torch.allclose(token_logps(_Wrapped(tiny_model), shared), want, atol=1e-5)
+    finally:
+        tiny_model.config._attn_implementation = old
+
+
+def test_preference_training_runs_without_dropout_by_default(ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """The reference log-probs are taken without dropout, so the policy trains without it too
+    (``dropout: false``, the preference trainer's default): step 1 (policy == reference) has loss
+    log 2 for a model with attention dropout; with ``dropout=true`` it does not."""
+    import shutil
+
+    from turnrl.train import preference
+    from turnrl.train.core import disable_dropout, dropout_modules
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    drop = tmp_path / "tiny-dropout"
+    shutil.copytree(tiny_dir, drop)
+    config = json.loads((drop / "config.json").read_text())
+    (drop / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.3}))
+    from turnrl.models.loading import load_model
+
+    model = load_model(str(drop))
+    assert dropout_modules(load_model(str(tiny_dir))) == [] and len(dropout_modules(model)) == config["num_hidden_layers"]
+    disable_dropout(model)
+    assert dropout_modules(model) == []
+    losses = {}
+    for keep in (False, True):
+        cfg = preference.PreferenceConfig(loss="dpo", lr=1e-4, max_steps=1, batch_size=4,
+                                          **({"dropout": True} if keep else {}))
+        preference.train_preference(str(drop), ttt_pairs[0], tmp_path / f"run-{keep}", cfg)
+        losses[keep] = json.loads((tmp_path / f"run-{keep}" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert losses[False] == pytest.approx(math.log(2), abs=1e-5)
+    assert abs(losses[True] - math.log(2)) > 1e-3
+
+
+def test_per_turn_views_too_long_are_counted_not_dropped_silently(ttt_pairs, tiny_dir: Path) -> None:
+    """With ``history`` each agent turn is its own sequence; one longer than ``max_length`` is left out
+    of its unit and counted in ``dropped_turns`` (as whole-trajectory encoding counts cut turns)."""
+    from turnrl.models.loading import load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train import preference
+
+    chat = ChatFormat(load_tokenizer(str(tiny_dir)))
+    full, stats = preference.load_units(ttt_pairs[0], chat, preference.PreferenceConfig(history=0))
+    lengths = sorted({len(s.input_ids) for u in full for s in u.seqs})
+    assert stats["dropped_turns"] == 0 and len(lengths) > 2
+    cut = lengths[len(lengths) // 2]  # every view longer than this one is left out
+    units, stats = preference.load_units(ttt_pairs[0], chat, preference.PreferenceConfig(history=0, max_length=cut))
+    kept = sum(len(u.seqs) for u in units)
+    longer = sum(len(s.input_ids) > cut for u in full for s in u.seqs)
+    skipped = [u for u in full if all(len(s.input_ids) > cut for s, side in zip(u.seqs, u.sides) if side == 0)
+               or all(len(s.input_ids) > cut for s, side in zip(u.seqs, u.sides) if side == 1)]
+    assert len(units) + stats["skipped_too_long"] == len(full) and stats["skipped_too_long"] == len(skipped)
+    assert stats["dropped_turns"] > 0
+    assert kept + stats["dropped_turns"] == sum(len(u.seqs) for u in full if u not in skipped)
+    assert longer >= stats["dropped_turns"]
+
+
 def test_packed_batches_train_under_gradient_checkpointing(tiny_dir) -> None:
     """Segment attention is not used under gradient checkpointing (its recomputation runs outside the
     layout): plain and shared-prefix batches give the same log-probs and gradients with it as without."""

@@ -409,6 +409,23 @@ def test_collection_refuses_to_resume_another_split_or_other_sampling(tmp_path, 
         run_policy(sampled, "tictactoe", episodes=2, out=tmp_path / "m.jsonl")
 
 
+def test_collection_refuses_to_resume_episodes_played_under_other_invalid_reply_rules(tmp_path) -> None:
+    """What an invalid reply does changes an episode's rewards, so the rules are recorded with every
+    episode and a resume under other rules is refused (it used to append, mixing both in one mean)."""
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.errors import TurnRLError
+
+    out = tmp_path / "r.jsonl"
+    lenient = PromptConfig(invalid_penalty=0.0)
+    (t,) = run_policy(RandomPolicy(), "tictactoe", episodes=1, out=out, prompt=lenient)
+    assert t.meta["invalid_rules"] == {"invalid_action": "random", "invalid_penalty": 0.0}
+    assert len(run_policy(RandomPolicy(), "tictactoe", episodes=2, out=out, prompt=lenient)) == 2  # resumed
+    for strict in (PromptConfig(invalid_penalty=-5.0), PromptConfig(invalid_action="end")):
+        with pytest.raises(TurnRLError, match=r"r\.jsonl: holds episodes played with other invalid-reply rules"):
+            run_policy(RandomPolicy(), "tictactoe", episodes=4, out=out, prompt=strict)
+    assert len(out.read_text().splitlines()) == 2
+
+
 def test_collection_refuses_to_resume_episodes_of_other_weights(tmp_path, tiny_model, tiny_tokenizer) -> None:
     """A model retrained into the same folder is another policy: its episodes record the weights'
     fingerprint, and a resume by a model of another fingerprint is refused."""
@@ -458,6 +475,11 @@ def test_action_equals_form_keeps_bracketed_arguments_with_spaces() -> None:
     assert parse_action("Thought: buy.\nACTION=click[Buy Now]", None).action == "click[Buy Now]"
     assert parse_action("ACTION=search[red shoes], done", None).action == "search[red shoes]"
     assert parse_action("ACTION=3.", None).action == "3"
+    # where the env lists no actions (free-text commands) the rest of the line is the action, as after
+    # "Action:"; where it lists them, one word, so that trailing words do not spoil a label
+    assert parse_action("ACTION=go to shelf 1.\nbecause", None).action == "go to shelf 1"
+    assert parse_action("Action: open door\nACTION=go to shelf 1", None).action == "go to shelf 1"
+    assert parse_action("ACTION=blue, the best so far", ["blue", "red"]).candidates == ("blue",)
 
 
 def test_sampler_refuses_a_prompt_history_its_policy_does_not_show(tiny_model, tiny_tokenizer) -> None:

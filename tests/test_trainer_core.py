@@ -479,3 +479,22 @@ def test_a_checkpoint_hashed_the_way_of_an_earlier_version_resumes(tmp_path: Pat
     _, res = run(tmp_path, cfg, resume=True, run_config={"algo": "x"},
                  legacy_run_configs=[{"algo": "x", "cadence": 1}])
     assert res.steps == 6 and [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))
+
+
+def test_dropout_setting_is_hashed_only_for_a_model_that_drops_out(tmp_path: Path) -> None:
+    """``dropout`` changes nothing for a model without dropout, so its checkpoints resume across the
+    setting (and across its addition to TrainConfig); for a model with dropout it is part of the run.
+    ``dropout=false`` zeroes every rate of the trained model: training then computes as eval mode does."""
+    from turnrl.train.core import dropout_modules
+
+    def trainer(out: str, dropout: float, keep: bool) -> Trainer:
+        return Trainer(build_model(0, dropout), base_cfg(dropout=keep), tmp_path / out, make_data(8), NLL())
+
+    assert trainer("a", 0.0, True).config_hash == trainer("b", 0.0, False).config_hash
+    assert trainer("c", 0.2, True).config_hash != trainer("d", 0.2, False).config_hash
+    kept, dropped = trainer("e", 0.2, True), trainer("f", 0.2, False)
+    assert len(dropout_modules(kept.unwrapped_model)) == 2 and dropout_modules(dropped.unwrapped_model) == []
+    x = torch.tensor([make_data(1)[0]])
+    model = dropped.unwrapped_model.train()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, model.eval()(input_ids=x).logits)

@@ -75,6 +75,9 @@ def run_policy(
     plays these planned episodes instead of the split's first ``episodes`` (several samples of
     a task, expert-prefix replays); their indices must be distinct."""
     check_workers(workers, worker_backend)
+    if workers > 0 and getattr(policy, "reads_env", False):
+        raise TurnRLError(f"policy '{policy.name}' reads the env's state in this process: run it without workers "
+                          "(--workers)")
     factory = make_env_factory(env_name, env_opts)
     probe = factory()
     try:
@@ -88,7 +91,7 @@ def run_policy(
     done: dict[str, Trajectory] = {}
     if out is not None and Path(out).exists():
         done = _read_episodes(Path(out))
-        _check_resumable(Path(out), done, specs, env_name, policy, env_opts or {})
+        _check_resumable(Path(out), done, specs, env_name, policy, env_opts or {}, prompt)
         JsonlWriter(out, append=True).open().close()  # drops a line a kill left half-written
     todo = [s for s in specs if s.episode_id(env_name) not in done]
     if progress is not None and len(specs) - len(todo):
@@ -161,13 +164,14 @@ def _read_episodes(out: Path) -> dict[str, Trajectory]:
 
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
-                     policy: Policy, env_opts: dict[str, Any]) -> None:
+                     policy: Policy, env_opts: dict[str, Any], prompt: PromptConfig | None = None) -> None:
     """The episodes already in ``out`` must be this run's: same env, env options, split, policy, model
-    weights (their fingerprint) and sampling settings, and an episode of a planned id must be that plan's (task, seed). Anything
-    else is another run's file, which resuming would mix into this one's. Env options are compared
-    with the env's defaults filled in (``opponent=random`` given = left unset); episodes written
-    before env options or sampling settings were recorded pass those checks."""
-    from turnrl.rollout.sampler import policy_settings
+    weights (their fingerprint), sampling settings and invalid-reply rules, and an episode of a planned
+    id must be that plan's (task, seed). Anything else is another run's file, which resuming would mix
+    into this one's. Env options are compared with the env's defaults filled in (``opponent=random``
+    given = left unset); episodes written before env options, sampling settings or rules were recorded
+    pass those checks."""
+    from turnrl.rollout.sampler import invalid_rules, policy_settings
 
     policy_name = policy.name
     settings = policy_settings(policy)
@@ -196,6 +200,10 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
         if sampling is not None and theirs_sampling is not None and theirs_sampling != sampling:
             raise TurnRLError(f"{out}: holds episodes sampled with other settings ({json.dumps(theirs_sampling)}; "
                               f"this run: {json.dumps(sampling)}); choose another --out or remove it")
+        theirs_rules, rules = t.meta.get("invalid_rules"), invalid_rules(prompt or PromptConfig())
+        if theirs_rules is not None and theirs_rules != rules:
+            raise TurnRLError(f"{out}: holds episodes played with other invalid-reply rules ({json.dumps(theirs_rules)}; "
+                              f"this run: {json.dumps(rules)}); choose another --out or remove it")
         theirs_fp = t.meta.get("model_fingerprint")
         if fingerprint is not None and theirs_fp is not None and theirs_fp != fingerprint:
             raise TurnRLError(f"{out}: holds episodes of other weights at '{policy_name}' (model fingerprint "

@@ -4,6 +4,9 @@ Replies follow ReAct, ``Thought: ...`` then ``Action: ...``; the RLFT format
 ``ACTION=X`` (seed 004) is read too. The parser takes the **last** action written that is
 valid: a model that corrects itself ("Action: 9 ... no, Action: 4") acts on its last
 valid choice. Where the env cannot enumerate its actions, the last action written is taken.
+``Action:`` takes the rest of its line. ``ACTION=`` takes one word (or ``word[...]``) where
+the env lists its actions, so "ACTION=blue, the best so far" acts on blue, and the rest of the
+line where it lists none (free-text commands: "ACTION=go to shelf 1").
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_PATTERNS = (
-    re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE),
-    re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;\[]+(?:\[[^\]]*\])?)"),
-)
+_REACT = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE)
+#: ``ACTION=X`` where the env lists its actions: X is one word (or ``search[...]``), so that
+#: "ACTION=blue, the best so far" acts on blue
+_RLFT_WORD = re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;\[]+(?:\[[^\]]*\])?)")
+#: ... and where it cannot (free-text commands such as ScienceWorld's), a ``word[...]`` command or
+#: else the rest of the line, as after ``Action:``: "ACTION=go to shelf 1" is not "go"
+_RLFT_LINE = re.compile(r"ACTION[ \t]*=[ \t]*(?:([^\s,.;\[]+\[[^\]]*\])|(.*?)[ \t]*$)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -27,11 +33,11 @@ class ParsedAction:
     candidates: tuple[str, ...] = ()
 
 
-def _candidates(text: str) -> list[tuple[int, str]]:
+def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
-    for pat in _PATTERNS:
+    for pat in (_REACT, _RLFT_LINE if free_text else _RLFT_WORD):
         for m in pat.finditer(text):
-            value = m.group(1).strip().strip("`'\"").rstrip(".")
+            value = next(g for g in m.groups() if g is not None).strip().strip("`'\"").rstrip(".")
             if value:
                 found.append((m.start(), value))
     found.sort()
@@ -40,7 +46,7 @@ def _candidates(text: str) -> list[tuple[int, str]]:
 
 def parse_action(text: str, valid_actions: Sequence[str] | None = None) -> ParsedAction:
     """The last valid action in ``text``; ``valid=False`` with the last candidate (or None)."""
-    cands = [c for _, c in _candidates(text)]
+    cands = [c for _, c in _candidates(text, free_text=valid_actions is None)]
     if valid_actions is None:
         return ParsedAction(cands[-1] if cands else None, bool(cands), tuple(cands))
     canon = {a.strip().lower(): a for a in valid_actions}

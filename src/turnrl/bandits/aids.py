@@ -43,6 +43,9 @@ def _reply(label: str, why: str, aid: str) -> Reply:
 class EpsilonGreedyAid:
     """With probability ``eps`` a uniformly random arm, else the wrapped policy."""
 
+    #: reads the env object itself (its arms and history), so it cannot act on envs in workers
+    reads_env = True
+
     def __init__(self, inner: Policy, eps: float = 0.1):
         if not 0.0 <= eps <= 1.0:
             raise TurnRLError(f"aid 'epsilon-greedy': eps must be in [0, 1] (got {eps!r})")
@@ -61,6 +64,9 @@ class EpsilonGreedyAid:
 
 class TryAllAid:
     """An untried arm (uniformly) while there is one, else the wrapped policy."""
+
+    #: reads the env object itself (its arms and history), so it cannot act on envs in workers
+    reads_env = True
 
     def __init__(self, inner: Policy):
         self.inner = inner

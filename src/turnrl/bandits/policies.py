@@ -35,6 +35,9 @@ def bandit_env(env: Any, who: str) -> Any:
 class ScriptedBanditPolicy:
     """A bandit algorithm as a sampler policy (see the module doc)."""
 
+    #: reads the env object itself (its arms and history), so it cannot act on envs in workers
+    reads_env = True
+
     def __init__(self, algo: Algorithm):
         self.algo = algo
         self.name = algo.spec

@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from turnrl.data.io import PathLike, is_finite_number, iter_jsonl, write_jsonl
+from turnrl.data.io import PathLike, is_finite_number, iter_jsonl, reject_non_finite, write_jsonl
 from turnrl.data.schema import SOURCES, Message, Role, Trajectory
 from turnrl.errors import TurnRLError
 
@@ -182,7 +182,7 @@ def _first_line_is_json(path: Path) -> bool:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
+        return json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=reject_non_finite)
     except UnicodeDecodeError:
         raise TurnRLError(f"{path}: invalid JSON: not UTF-8 text") from None
     except json.JSONDecodeError as e:

@@ -342,7 +342,7 @@ def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             if not text.strip():
                 continue
             try:
-                obj = json.loads(text.rstrip("\r\n"))
+                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite)
             except json.JSONDecodeError as e:
                 hint = (
                     ""
@@ -405,6 +405,13 @@ def _record_dict(record: Any) -> dict[str, Any]:
             f"cannot write a {type(record).__name__}: expected a dict or an object with to_dict()"
         )
     return dict(d)
+
+
+def reject_non_finite(name: str) -> Any:
+    """``json.loads(..., parse_constant=reject_non_finite)``: Python's reader takes ``NaN`` and
+    ``Infinity``, which are not JSON and which no turnrl writer can write back; refuse them where
+    they are read, so the error names the input rather than a later output."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _encode(record: Any, path: Path) -> bytes:

@@ -3,7 +3,7 @@
 All builders are pure functions of trajectories; ``turnrl pairs`` reads and writes the files.
 
 * :func:`trajectory_pairs` -- ETO's rule: for each explored trajectory, the expert trajectory
-  of the same task; when their returns differ the higher one is chosen. Optionally the loser
+  of the same game (task and env seed; see :func:`_expert_games`); when their returns differ the higher one is chosen. Optionally the loser
   is cut to the winner's number of turns plus ``truncate_k``.
 * :func:`step_pairs` -- ETO's step-wise variant: an explored trajectory whose first ``t``
   turns replayed the expert (``meta["expert_turns"] = t``, see ``EpisodeSpec.expert_turns``)
@@ -18,7 +18,7 @@ All builders are pure functions of trajectories; ``turnrl pairs`` reads and writ
   trained from turn ``t`` (``meta["train_from_turn"] = t``), so the first trained turn of both
   sides has the same context. With no such ``t`` >= 1 the expert's own game (``t`` = 0) is
   the winner when it returns more, as in a trajectory pair.
-* :func:`self_play_pairs` -- no expert: the best against the worst of a task's own samples
+* :func:`self_play_pairs` -- no expert: the best against the worst of a game's own samples
   when their returns differ ("clean": the worst of those that are not degenerate).
 * :func:`scored_samples` -- SPPO: every sample with its win rate against the K samples of its
   task under the environment-reward oracle ``P(i > j) = sigmoid((r_i - r_j) / tau)``, ties 1/2
@@ -39,11 +39,11 @@ with an invalid action, a turn without a parseable action, an action repeated
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from turnrl.data.schema import Message, Pair, Trajectory
+from turnrl.data.schema import Message, Pair, Trajectory, by_game
 from turnrl.oracles import EnvRewardOracle, score_samples
 
 LoserSetting = Literal["clean", "noisy"]
@@ -121,11 +121,23 @@ def _gibberish(text: str) -> bool:
     return len(words) >= 12 and len(set(words)) / len(words) < 0.2
 
 
-def _by_task(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
-    out: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        out[t.task_id].append(t)
-    return out
+def _expert_games(experts: Sequence[Trajectory]) -> Callable[[Trajectory], Trajectory | None]:
+    """The expert game an explored game is compared with: the one of the same task and env seed
+    (:attr:`Trajectory.game`), else the task's expert game when it has only one (demos collected
+    apart from the exploration, with other seeds). A task with several expert games and none of
+    the explored game's seed has no expert game: guessing one would pair two different games."""
+    of_game = {e.game: e for e in experts}
+    of_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for e in experts:
+        of_task[e.task_id].append(e)
+
+    def find(x: Trajectory) -> Trajectory | None:
+        e = of_game.get(x.game)
+        if e is None and len(of_task.get(x.task_id, ())) == 1:
+            e = of_task[x.task_id][0]
+        return e
+
+    return find
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
@@ -148,12 +160,12 @@ def trajectory_pairs(
 ) -> list[Pair]:
     """ETO's trajectory-level pairs (see the module docstring)."""
     stats = stats if stats is not None else {}
-    expert_of = {t.task_id: t for t in experts}
+    expert_of = _expert_games(experts)
     pairs: list[Pair] = []
     for x in explored:
         if x.meta.get("expert_turns"):
             continue  # a step-wise exploration: see step_pairs
-        e = expert_of.get(x.task_id)
+        e = expert_of(x)
         if e is None:
             stats["no_expert"] = stats.get("no_expert", 0) + 1
             continue
@@ -188,13 +200,13 @@ def step_pairs(
 ) -> list[Pair]:
     """ETO's step-wise pairs (see the module docstring)."""
     stats = stats if stats is not None else {}
-    expert_of = {t.task_id: t for t in experts}
+    expert_of = _expert_games(experts)
     pairs: list[Pair] = []
     for x in explored:
         t = int(x.meta.get("expert_turns", 0) or 0)
         if t <= 0:
             continue
-        e = expert_of.get(x.task_id)
+        e = expert_of(x)
         if e is None or e.num_turns <= t or x.num_turns <= t:
             stats["no_step"] = stats.get("no_step", 0) + 1
             continue
@@ -225,20 +237,17 @@ def takeover_pairs(
     """Takeover pairs (see the module docstring). A takeover belongs to the explored game of the
     same task and env seed whose first ``replayed_turns`` turns it holds."""
     stats = stats if stats is not None else {}
-    # a task the train plan plays more than once has one expert game per env seed
-    expert_of = {(t.task_id, t.meta.get("seed")): t for t in experts}
-    by_game: dict[tuple[str, object], list[Trajectory]] = defaultdict(list)
-    for y in takeovers:
-        by_game[(y.task_id, y.meta.get("seed"))].append(y)
+    expert_of = _expert_games(experts)
+    takeovers_of = by_game(takeovers)
     pairs: list[Pair] = []
     for x in explored:
         if x.meta.get("expert_turns") or x.meta.get("replayed_turns"):
             continue
-        e = expert_of.get((x.task_id, x.meta.get("seed")))
+        e = expert_of(x)
         if e is None:
             stats["no_expert"] = stats.get("no_expert", 0) + 1
         candidates = [] if e is None else [(0, e)]
-        for y in by_game.get((x.task_id, x.meta.get("seed")), []):
+        for y in takeovers_of.get(x.game, []):
             t = int(y.meta.get("replayed_turns", 0) or 0)
             if 0 < t < x.num_turns and y.num_turns > t and _prefix_matches(x, y, t):
                 candidates.append((t, y))
@@ -266,10 +275,11 @@ def self_play_pairs(
     losers: LoserSetting = "noisy",
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
-    """Best against worst of each task's own samples when their returns differ."""
+    """Best against worst of each game's own samples (a task and env seed: :attr:`Trajectory.game`)
+    when their returns differ."""
     stats = stats if stats is not None else {}
     pairs: list[Pair] = []
-    for task, group in _by_task(samples).items():
+    for (task, _seed), group in by_game(samples).items():
         ranked = sorted(group, key=lambda t: t.return_)
         best = ranked[-1]
         if best.return_ == ranked[0].return_:

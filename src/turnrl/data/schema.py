@@ -8,6 +8,7 @@ agent's turns (the only tokens ever trained on). Each is one JSON object on one 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -71,6 +72,13 @@ class Trajectory:
     def actions(self) -> list[str | None]:
         return [m.action for m in self.messages if m.role == "assistant"]
 
+    @property
+    def game(self) -> tuple[str, Any]:
+        """``(task_id, meta["seed"])``: the game played. A plan that visits a task more than once
+        gives every visit its own env seed, so one task can hold several games (an imported
+        trajectory without a seed has ``None``)."""
+        return (self.task_id, self.meta.get("seed"))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": TRAJECTORY_SCHEMA,
@@ -107,3 +115,11 @@ class Pair:
             "rejected": self.rejected.to_dict(),
             "meta": self.meta,
         }
+
+
+def by_game(trajs: Iterable[Trajectory]) -> dict[tuple[str, Any], list[Trajectory]]:
+    """Trajectories grouped by :attr:`Trajectory.game`, in order of first appearance."""
+    out: dict[tuple[str, Any], list[Trajectory]] = {}
+    for t in trajs:
+        out.setdefault(t.game, []).append(t)
+    return out

@@ -111,9 +111,12 @@ def check_number(env: str, key: str, value: Any, lo: float, hi: float) -> float:
 
 def as_bandit(env: Any, who: str) -> BanditEnvBase:
     """``env`` if it is one of the bandit envs, else a one-line error naming ``who``."""
-    if not isinstance(env, BanditEnvBase):
-        raise TurnRLError(f"{who} needs a bandit env (bandit, contextual_bandit), got '{getattr(env, 'name', env)}'")
-    return env
+    if isinstance(env, BanditEnvBase):
+        return env
+    inner = getattr(env, "env_name", None)  # an env run in a worker process (turnrl.envs.workers)
+    if inner in ("bandit", "contextual_bandit"):
+        raise TurnRLError(f"{who} reads the {inner}'s arms in this process: run it without workers (--workers)")
+    raise TurnRLError(f"{who} needs a bandit env (bandit, contextual_bandit), got '{inner or getattr(env, 'name', env)}'")
 
 
 def fmt_reward(r: float, dist: str = "gaussian") -> str:

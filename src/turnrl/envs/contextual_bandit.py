@@ -164,11 +164,11 @@ class ContextualBandit(BanditEnvBase):
     def instruction(self) -> str:
         k, h = self.items, self.horizon
         movies = ", ".join(self.labels)
-        if self._inst is not None:
-            genres = self._inst.meta["genres"]
-            lines = [f"{lab}: " + ", ".join(f"{g} {v:.1f}" for g, v in zip(GENRES, genres[i], strict=True))
-                     for i, lab in enumerate(self.labels)]
-            movies_text = "The movies and their genre mix (0 = none, 1 = fully):\n" + "\n".join(lines)
+        if self._inst is not None and self.randomize_labels:  # the labels name other movies at every step
+            movies_text = (f"The movies are {movies}; a label names another movie at every step, and each step "
+                           "lists the movies' genre mix (0 = none, 1 = fully) under that step's labels.")
+        elif self._inst is not None:
+            movies_text = "The movies and their genre mix (0 = none, 1 = fully):\n" + self._genre_lines(0)
         else:
             movies_text = f"The movies are {movies}."
         if self.rationale == "ucb":
@@ -201,11 +201,24 @@ class ContextualBandit(BanditEnvBase):
         return (f"Step={t + 1} User={u['gender']}/{u['age']}/{u['occupation']}/{u['location']}/[{prefs}] "
                 f"Action={act} Reward={reward:.2f}")
 
+    def _genre_lines(self, t: int) -> str:
+        """Each movie's genre mix under its label at step ``t`` (the labels change per step only
+        with ``randomize_labels``)."""
+        inst = self._inst
+        assert inst is not None
+        perm = range(len(self.labels)) if inst.perms is None else inst.perms[min(t, inst.horizon - 1)]
+        genres = inst.meta["genres"]
+        return "\n".join(f"{self.labels[j]}: " + ", ".join(f"{g} {v:.1f}" for g, v in zip(GENRES, genres[arm], strict=True))
+                         for arm, j in enumerate(perm))
+
     def _question(self, t: int, horizon: int) -> str:
         u = self._user(t)
         prefs = ", ".join(f"{g} {_signed(p)}" for g, p in zip(GENRES, u["preferences"], strict=True))
-        return (f"Step {t + 1} of {horizon}. New user: {u['gender']}, {u['age']} years old, {u['occupation']} "
-                f"from {u['location']}; genre preferences: {prefs}. Which movie do you recommend?")
+        head = (f"Step {t + 1} of {horizon}. New user: {u['gender']}, {u['age']} years old, {u['occupation']} "
+                f"from {u['location']}; genre preferences: {prefs}.")
+        if self.randomize_labels:
+            return f"{head}\nThe movies at this step:\n{self._genre_lines(t)}\nWhich movie do you recommend?"
+        return f"{head} Which movie do you recommend?"
 
     def _info(self, *, arm: int | None = None, reward: float = 0.0, invalid: bool = False) -> dict[str, Any]:
         info = super()._info(arm=arm, reward=reward, invalid=invalid)

@@ -33,15 +33,15 @@ import json
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from turnrl.config import Config
-from turnrl.data.schema import Trajectory
+from turnrl.data.schema import Trajectory, by_game
 from turnrl.errors import TurnRLError
 
 __all__ = [
@@ -153,42 +153,47 @@ def _by_task(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
     return dict(out)
 
 
+G = TypeVar("G", bound=Hashable)
+
+
 def preference_matrices(oracle: PreferenceOracle,
-                        groups: Mapping[str, Sequence[Trajectory]]) -> dict[str, np.ndarray]:
-    """One K x K matrix per task, from **one** batched ``oracle.probs`` call over all tasks.
+                        groups: Mapping[G, Sequence[Trajectory]]) -> dict[G, np.ndarray]:
+    """One K x K matrix per group (a task's or a game's samples), from **one** batched
+    ``oracle.probs`` call over all groups; each query names its samples' task.
 
     A symmetric oracle is asked K(K-1)/2 queries a task (``i < j``); any other is asked both
     orders and ``M[i, j] = (P(i, j) + 1 - P(j, i)) / 2`` (position bias cancels). The lower
     triangle is the exact complement of the upper one and the diagonal is 1/2.
     """
-    index: list[tuple[str, int, int, bool]] = []
+    index: list[tuple[G, int, int, bool]] = []
     queries: list[Query] = []
-    for task, samples in groups.items():
+    for group, samples in groups.items():
         k = len(samples)
         for i in range(k):
             for j in range(i + 1, k):
+                task = samples[i].task_id
                 queries.append((task, samples[i], samples[j]))
-                index.append((task, i, j, False))
+                index.append((group, i, j, False))
                 if not oracle.symmetric:
                     queries.append((task, samples[j], samples[i]))
-                    index.append((task, i, j, True))
+                    index.append((group, i, j, True))
     answers = oracle.probs(queries) if queries else []
     if len(answers) != len(queries):
         raise TurnRLError(f"oracle {oracle.name} answered {len(answers)} of {len(queries)} queries")
-    upper: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    for (task, i, j, flipped), p in zip(index, answers, strict=True):
+    upper: dict[tuple[G, int, int], list[float]] = defaultdict(list)
+    for (group, i, j, flipped), p, (task, _, _) in zip(index, answers, queries, strict=True):
         if not (0.0 <= p <= 1.0):
             raise TurnRLError(f"oracle {oracle.name} returned {p} for a query on {task}; probabilities lie in [0, 1]")
-        upper[(task, i, j)].append(1.0 - p if flipped else p)
-    out: dict[str, np.ndarray] = {}
-    for task, samples in groups.items():
+        upper[(group, i, j)].append(1.0 - p if flipped else p)
+    out: dict[G, np.ndarray] = {}
+    for group, samples in groups.items():
         k = len(samples)
         m = np.full((k, k), 0.5, dtype=np.float64)
         for i in range(k):
             for j in range(i + 1, k):
-                vals = upper[(task, i, j)]
+                vals = upper[(group, i, j)]
                 m[i, j], m[j, i] = complement(sum(vals) / len(vals))
-        out[task] = m
+        out[group] = m
     return out
 
 
@@ -204,14 +209,14 @@ Selection = Literal["all", "best_worst"]
 
 
 def select_samples(scored: Sequence[Trajectory], select: Selection) -> list[Trajectory]:
-    """``all`` keeps every scored sample; ``best_worst`` keeps each task's highest and lowest
-    win rate (the SPPO authors' choice), dropping tasks whose samples all tie."""
+    """``all`` keeps every scored sample; ``best_worst`` keeps each game's highest and lowest
+    win rate (the SPPO authors' choice), dropping games whose samples all tie."""
     if select == "all":
         return list(scored)
     if select != "best_worst":
         raise TurnRLError(f"unknown sample selection {select!r}; choose from: all, best_worst")
     out: list[Trajectory] = []
-    for group in _by_task(scored).values():
+    for group in by_game(scored).values():
         ranked = sorted(group, key=lambda t: float(t.meta["win_rate"]))
         worst, best = ranked[0], ranked[-1]
         if best.meta["win_rate"] == worst.meta["win_rate"]:
@@ -222,13 +227,15 @@ def select_samples(scored: Sequence[Trajectory], select: Selection) -> list[Traj
 
 def score_samples(samples: Sequence[Trajectory], oracle: PreferenceOracle, *,
                   select: Selection = "all") -> list[Trajectory]:
-    """Each sample with ``meta["win_rate"]`` against its task's K samples (one batched oracle
-    call for all tasks), ``meta["group_size"]`` and ``meta["oracle"]``; then :func:`select_samples`."""
-    groups = _by_task(samples)
+    """Each sample with ``meta["win_rate"]`` against the K samples of its game (its task and env
+    seed, :attr:`~turnrl.data.schema.Trajectory.game`: a plan that visits a task twice makes two
+    groups of K; one batched oracle call for all), ``meta["group_size"]`` and ``meta["oracle"]``;
+    then :func:`select_samples`."""
+    groups = by_game(samples)
     mats = preference_matrices(oracle, groups)
     out: list[Trajectory] = []
-    for task, group in groups.items():
-        rates = win_rates(mats[task])
+    for game, group in groups.items():
+        rates = win_rates(mats[game])
         for y, p in zip(group, rates, strict=True):
             extra = {"tau": oracle.tau} if isinstance(oracle, EnvRewardOracle) else {}
             out.append(replace(y, meta={**y.meta, "win_rate": float(p), "group_size": len(group),

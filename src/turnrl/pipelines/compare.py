@@ -46,6 +46,7 @@ from turnrl.pipelines.eto import (
     evaluate_model,
     explore,
     prepare_base,
+    prepare_base_model,
     rft,
     run_pipeline,
 )
@@ -125,7 +126,10 @@ def _tag(records: list[Record], method: str, **extra: Any) -> list[Record]:
 
 
 def _base(run: SeedRun) -> list[Record]:
-    out = Path(run.cfg.out) / "base-eval.json"  # the untrained model does not depend on the seed
+    # greedy play of the untrained model does not depend on the seed, so every seed shares one
+    # evaluation; sampled play does (the seed salts the sampling), so each seed plays its own
+    sampled = run.pipe.eval_temperature > 0
+    out = (run.dir if sampled else Path(run.cfg.out)) / "base-eval.json"
     return _tag(run.evaluate(run.base_model, out, "base"), "base")
 
 
@@ -153,7 +157,7 @@ def _rft(run: SeedRun) -> list[Record]:
 def _pipeline(run: SeedRun, name: str, iterations: int, **update: Any) -> list[Record]:
     pipe = run.pipe.model_copy(update={"iterations": iterations, **update})
     summary = run_pipeline(pipe, run.dir / name, model=run.sft, expert=run.expert, first_explore=run.explored,
-                           label=name, log=run.log, eval_start=False)
+                           label=name, log=run.log, eval_start=False, base=run.base_model)
     out: list[Record] = []
     for it in summary["iterations"]:
         pairs = it["pairs"]
@@ -267,15 +271,7 @@ def script_args(argv: list[str]) -> tuple[CompareConfig, str, list[int]]:
 def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
     """Prepare (or find) seed ``seed``'s SFT agent and demos."""
     root = Path(cfg.out)
-    base_model = cfg.pipeline.base
-    if base_model == "tiny":  # one tiny model for every seed
-        from turnrl.models.tiny import build_tiny
-
-        def tiny(p: Path) -> str:
-            build_tiny(p, env_names=(cfg.pipeline.env,))
-            return str(p)
-
-        base_model = run_stage(root / "tiny", tiny, log=log)
+    base_model = prepare_base_model(cfg.pipeline, root, log)  # one tiny model for every seed
     pipe = cfg.pipeline.model_copy(update={"seed": seed, "base": base_model})
     first = base_model if pipe.model is None else pipe.model  # what 'base' evaluates and RFT retrains
     if cfg.sft_seed is not None:  # one start for every seed

@@ -74,6 +74,7 @@ __all__ = [
     "evaluate_model",
     "explore",
     "prepare_base",
+    "prepare_base_model",
     "rft",
     "rollout_stats",
     "run_iteration",
@@ -260,20 +261,25 @@ def _play(policy: Any, cfg: EtoConfig, specs: list[EpisodeSpec], out: Path) -> l
 # ----------------------------------------------------------------------------- stages
 
 
+def prepare_base_model(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> str:
+    """The model SFT starts from: ``cfg.base``, or for ``tiny`` the embedded model built in OUT/tiny."""
+    if cfg.base != "tiny":
+        return cfg.base
+    from turnrl.models.tiny import build_tiny
+
+    def tiny(p: Path) -> str:
+        build_tiny(p, env_names=(cfg.env,))
+        return str(p)
+
+    return str(run_stage(Path(out) / "tiny", tiny, log=log))
+
+
 def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tuple[str, Path]:
     """The starting agent and the expert demos: OUT/tiny, OUT/expert.jsonl, OUT/sft."""
     from turnrl.rollout.policies import ExpertPolicy
 
     out = Path(out)
-    base = cfg.base
-    if base == "tiny":
-        from turnrl.models.tiny import build_tiny
-
-        def tiny(p: Path) -> str:
-            build_tiny(p, env_names=(cfg.env,))
-            return str(p)
-
-        base = run_stage(out / "tiny", tiny, log=log)
+    base = prepare_base_model(cfg, out, log)
     expert = out / "expert.jsonl"
     specs = _train_specs(cfg)
     run_stage(expert, lambda p: rollout_stats(_play(ExpertPolicy(), cfg, specs, p)), log=log)
@@ -457,7 +463,8 @@ def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: P
                   log: Log | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
     """One iteration in ``OUT/iter-i``; returns (new model, eval records, pair stats).
 
-    ``explored`` reuses another run's exploration of the same agent (same settings)."""
+    ``explored`` reuses another run's exploration of the same agent (same settings); ``base`` is
+    what self-play's RFT retrains with ``rft_init: base`` (None: the agent ``model``)."""
     it = iter_dir(out, i)
     experts = [] if cfg.self_play else read_trajectories(expert)
     explore_path = explored if explored is not None else it / "explore.jsonl"
@@ -489,12 +496,13 @@ def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: P
 
 def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | None = None,
                  model: str | None = None, expert: Path | None = None, first_explore: Path | None = None,
-                 label: str | None = None, eval_start: bool = True) -> dict[str, Any]:
+                 label: str | None = None, eval_start: bool = True, base: str | None = None) -> dict[str, Any]:
     """SFT (or ``model``) then ``iterations`` iterations; writes OUT/summary.json and returns it.
 
     ``model`` and ``expert`` skip :func:`prepare_base` (an SFT agent and its demos made
     elsewhere); ``first_explore`` reuses an exploration of that agent for iteration 1;
-    ``eval_start=False`` skips evaluating the starting agent (evaluated elsewhere)."""
+    ``eval_start=False`` skips evaluating the starting agent (evaluated elsewhere); ``base`` is
+    the model self-play's RFT retrains with ``rft_init: base`` (default: :func:`prepare_base_model`)."""
     from turnrl.train.core import atomic_write_json
 
     cfg.check()
@@ -503,17 +511,19 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
-    base_model = model
-    start = run_stage(out / "eval_start.json", lambda p: evaluate_model(cfg, str(base_model), p, "start"),
+    if base is None and cfg.self_play and cfg.rft_init == "base":
+        base = prepare_base_model(cfg, out, log)
+    start_model = model
+    start = run_stage(out / "eval_start.json", lambda p: evaluate_model(cfg, str(start_model), p, "start"),
                       log=log) if eval_start else []
     iterations: list[dict[str, Any]] = []
     current = model
     for i in range(1, cfg.iterations + 1):
         current, results, stats = run_iteration(
-            cfg, out, i, current, expert, base=base_model, explored=first_explore if i == 1 else None,
+            cfg, out, i, current, expert, base=base, explored=first_explore if i == 1 else None,
             label=f"{label}-iter{i}" if label else None, log=log)
         iterations.append({"iteration": i, "model": current, "results": results, "pairs": stats})
-    summary = {"out": str(out), "start": {"model": base_model, "results": start}, "iterations": iterations,
+    summary = {"out": str(out), "start": {"model": start_model, "results": start}, "iterations": iterations,
                "final_model": current, "config": cfg.model_dump(mode="json")}
     atomic_write_json(out / "summary.json", summary)
     return summary

@@ -68,6 +68,11 @@ def plan_episodes(env: TextEnv, split: str, episodes: int, seed: int = 0, start:
     ]
 
 
+def invalid_rules(prompt: PromptConfig) -> dict[str, Any]:
+    """The prompt settings that change an episode's rewards: what an invalid reply does."""
+    return {"invalid_action": prompt.invalid_action, "invalid_penalty": prompt.invalid_penalty}
+
+
 @dataclass
 class _Slot:
     env: TextEnv
@@ -100,6 +105,8 @@ class Sampler:
         self.env_name = env_name
         self.num_envs = max(1, num_envs)
         self.prompt = prompt or PromptConfig()
+        #: what an invalid reply does, recorded with every episode (a resumed collection must keep it)
+        self.invalid_rules = invalid_rules(self.prompt)
         self.source = source
         # the policy builds each turn's context (ModelPolicy.history); a prompt that asks for another
         # history than the policy's would be silently ignored, so it is refused
@@ -251,7 +258,8 @@ class Sampler:
             truncated=truncated,
             split=slot.spec.split,
             source=self.source,
-            meta={"policy": self.policy.name, **policy_settings(self.policy), "seed": slot.spec.seed,
+            meta={"policy": self.policy.name, **policy_settings(self.policy), "invalid_rules": self.invalid_rules,
+                  "seed": slot.spec.seed,
                   "index": slot.spec.index,
                   "final_observation": final_obs, **_outcome(info),
                   **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),

@@ -116,6 +116,7 @@ class ActorConfig(TrainConfig):
     batch_size: int = 16
     lr_schedule: Literal["cosine", "linear", "constant"] = "constant"
     warmup_ratio: float = 0.0
+    dropout: bool = False  # the KL tether's start policy runs without it (TrainConfig.dropout)
     #: tokens per packed row in the actor's forward pass
     row_tokens: int = 4096
     #: replay states begin with the same system message and instruction: pack the actor's samples

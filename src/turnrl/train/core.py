@@ -144,6 +144,11 @@ class TrainConfig(Config):
     """``bf16``/``fp16``: autocast forwards on float32 master weights (LoRA: a half-precision
     frozen base); ``no``: float32 throughout."""
     gradient_checkpointing: bool = False
+    dropout: bool = True
+    """Keep the model's dropout while training. The trainers that compare the policy with a
+    reference or with the log-probs it sampled with (preference, PPO, ArCHer's actor) default to
+    false, as TRL does: those log-probs are taken without dropout, so a policy trained with it
+    would not match them even at step 0 (a DPO loss other than log 2 before any update)."""
     save_every: int = 0
     """Optimizer steps between checkpoints; 0 = only at the end."""
     keep_checkpoints: int = 2
@@ -254,12 +259,43 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+#: float attributes in which transformers' attention modules keep their dropout rate
+_DROPOUT_RATES = ("attention_dropout", "attn_dropout", "dropout")
+
+
+def dropout_modules(model: Any) -> list[str]:
+    """Names of the modules that drop activations in training mode: ``nn.Dropout`` with p > 0,
+    and attention modules whose dropout rate is a float attribute > 0 (``attention_dropout``)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Dropout):
+            if m.p > 0:
+                out.append(name)
+        elif any(isinstance(getattr(m, a, None), float) and getattr(m, a) > 0 for a in _DROPOUT_RATES):
+            out.append(name)
+    return out
+
+
+def disable_dropout(model: Any) -> None:
+    """Set every dropout rate of ``model``'s modules to 0 (see :func:`dropout_modules`); the saved
+    config keeps its rates, so a model saved after training drops out as before when trained again."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+            continue
+        for a in _DROPOUT_RATES:
+            if isinstance(getattr(m, a, None), float):
+                setattr(m, a, 0.0)
+
+
 def config_hash(
-    cfg: TrainConfig, run_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    cfg: TrainConfig, run_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+    *, exempt: frozenset[str] = frozenset(),
 ) -> str:
-    """Hash of what determines a run's result: the train config (minus save/log cadence),
-    the caller's run config (model, data, algorithm settings) and ``extra`` facts."""
-    train = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT}
+    """Hash of what determines a run's result: the train config (minus save/log cadence and
+    ``exempt``: settings that cannot change this run), the caller's run config (model, data,
+    algorithm settings) and ``extra`` facts."""
+    train = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT | exempt}
     blob = json.dumps({"train": train, "run": run_config or {}, **(extra or {})}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -436,8 +472,12 @@ class Trainer:
         #: in that step's record. It must be deterministic given the model and the RNG state.
         self.before_step = before_step
         self.save_apart = tuple(save_apart)
-        self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)})
-        self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}) for rc in legacy_run_configs}
+        # a model without dropout trains alike either way (and its runs resume across the setting's addition)
+        drops = bool(dropout_modules(model)) or (cfg.lora is not None and cfg.lora.dropout > 0)
+        exempt = frozenset() if drops else frozenset({"dropout"})
+        self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
+        self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}, exempt=exempt)
+                              for rc in legacy_run_configs}
         self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
         acc = self.accelerator
         if str(acc.distributed_type).endswith("DEEPSPEED") and cfg.grad_accum != 1:
@@ -472,6 +512,8 @@ class Trainer:
             except ValueError as e:  # peft's: e.g. no module named by lora.target_modules
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise TurnRLError(f"lora.target_modules={cfg.lora.target_modules!r}: {first}") from None
+        if not cfg.dropout:
+            disable_dropout(model)
         if cfg.mixed_precision != "no":  # what trains keeps float32 master weights (a half-precision
             for p in model.parameters():  # base's modules_to_save copies stay half otherwise)
                 if p.requires_grad and p.dtype != torch.float32:

@@ -222,7 +222,7 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
 
 def _model_mask(model: Any, mask: torch.Tensor, device: Any) -> torch.Tensor:
     """The 4-D mask in the form the model's attention implementation takes."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+    impl = getattr(_config(model), "_attn_implementation", "sdpa") or "sdpa"  # DDP/PEFT wrappers looked through
     if "flash" in impl:
         from turnrl.errors import TurnRLError
 

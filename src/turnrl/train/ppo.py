@@ -131,6 +131,7 @@ class PPOConfig(TrainConfig):
 
     lr: float = 1e-4
     batch_size: int = 4
+    dropout: bool = False  # the rollout's and the reference's log-probs are taken without it
     iterations: int = 10
     episodes_per_iter: int = 16
     #: episodes a task in a rollout: ``episodes_per_iter / group_size`` tasks, each played

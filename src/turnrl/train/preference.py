@@ -57,6 +57,7 @@ class PreferenceConfig(TrainConfig):
     loss: Loss = "dpo"
     lr: float = 1e-5
     epochs: float = 3.0
+    dropout: bool = False  # the reference log-probs are taken without it (TrainConfig.dropout)
     beta: float = 0.1
     """DPO / IPO / DMPO temperature."""
     label_smoothing: float = 0.0
@@ -138,9 +139,11 @@ def _encode(chat: ChatFormat, traj: Trajectory, start: int, max_length: int) -> 
     return chat.encode(traj.messages, trainable_turns=turns, turn_offset=-start, max_length=max_length)
 
 
-def _encode_views(chat: ChatFormat, traj: Trajectory, start: int, cfg: PreferenceConfig) -> list[Encoded]:
+def _encode_views(chat: ChatFormat, traj: Trajectory, start: int, cfg: PreferenceConfig,
+                  stats: dict[str, int]) -> list[Encoded]:
     """One sequence per agent turn from ``start`` on, each the context the agent had
-    (``history`` window); turn indices count from ``start``."""
+    (``history`` window); turn indices count from ``start``. A view longer than ``max_length``
+    is left out and counted in ``stats["dropped_turns"]``."""
     from turnrl.agent.prompting import agent_view
 
     out = []
@@ -149,21 +152,27 @@ def _encode_views(chat: ChatFormat, traj: Trajectory, start: int, cfg: Preferenc
         enc = chat.encode(view, trainable_turns=[local], turn_offset=turn - local - start, max_length=cfg.max_length)
         if enc is not None and enc.num_turns:
             out.append(enc)
+        else:
+            stats["dropped_turns"] += 1
     return out
 
 
 def _view_unit(chat: ChatFormat, trajs: Sequence[Trajectory], start: int, cfg: PreferenceConfig,
-               win_rate: float = 0.5) -> Unit | None:
+               stats: dict[str, int], win_rate: float = 0.5) -> Unit | None:
+    """The unit of ``trajs``' per-turn views, or None when a side has none that fits (the caller
+    counts it as skipped); views left out of a kept unit count in ``stats["dropped_turns"]``."""
     seqs: list[Encoded] = []
     sides: list[int] = []
     turns: list[int] = []
+    dropped = {"dropped_turns": 0}
     for side, t in enumerate(trajs):
-        views = _encode_views(chat, t, start, cfg)
+        views = _encode_views(chat, t, start, cfg, dropped)
         if not views:
             return None
         seqs += views
         sides += [side] * len(views)
         turns.append(max(max(x for x in v.turn_index if x >= 0) for v in views) + 1)
+    stats["dropped_turns"] += dropped["dropped_turns"]
     return Unit(seqs, turns, win_rate=win_rate, sides=sides)
 
 
@@ -181,7 +190,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
             where = f"{p}:{i + 1}"
             win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where)
             if cfg.history is not None:
-                u = _view_unit(chat, [t], start, cfg, win_rate)
+                u = _view_unit(chat, [t], start, cfg, stats, win_rate)
                 if u is None:
                     stats["skipped_too_long"] += 1
                 else:
@@ -199,7 +208,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
         for i, pair in enumerate(pairs):
             start = _train_from(pair.meta, f"{p}:{i + 1}")
             if cfg.history is not None:
-                u = _view_unit(chat, [pair.chosen, pair.rejected], start, cfg)
+                u = _view_unit(chat, [pair.chosen, pair.rejected], start, cfg, stats)
                 if u is None:
                     stats["skipped_too_long"] += 1
                 else:
