@@ -672,6 +672,50 @@ def test_kl_estimators_hand_values() -> None:
         kl_penalty(logps, ref, "k2")  # type: ignore[arg-type]
 
 
+def test_kl_gradients_by_hand_and_in_expectation() -> None:
+    """At log pi = -1, log ref = -2 (delta = -1): d k3 / d log pi is 1 - e^-1 pathwise and 1 with the
+    score-function term (value unchanged). Summed over a categorical's tokens, weighted by pi (the
+    expectation over the sampled token), pathwise k3 gives the gradient of KL(ref || pi), pathwise k1 gives
+    0, and ``full`` gives the gradient of KL(pi || ref) for both (what full_kl's autograd gives)."""
+    for est, grad, want in (("k3", "pathwise", 1 - math.exp(-1.0)), ("k3", "full", 1.0),
+                            ("k1", "pathwise", 1.0), ("k1", "full", 2.0)):
+        lp = t(-1.0).requires_grad_(True)
+        value = kl_penalty(lp, t(-2.0), est, grad)  # type: ignore[arg-type]
+        value.backward()
+        assert value.item() == pytest.approx(math.exp(-1.0) if est == "k3" else 1.0)
+        assert lp.grad is not None and lp.grad.item() == pytest.approx(want, abs=1e-6)
+
+    g = torch.Generator().manual_seed(0)
+    theta, ref = torch.randn(6, generator=g, dtype=torch.float64), torch.log_softmax(torch.randn(6, generator=g), -1)
+
+    def expected_grad(est: str, grad: str) -> torch.Tensor:
+        th = theta.clone().requires_grad_(True)
+        logp = torch.log_softmax(th, -1)
+        terms = kl_penalty(logp, ref.to(logp.dtype), est, grad)  # type: ignore[arg-type]
+        (logp.exp().detach() * terms).sum().backward()  # E over x ~ pi of each token's gradient
+        assert th.grad is not None
+        return th.grad
+
+    def kl_grad(forward: bool) -> torch.Tensor:
+        th = theta.clone().requires_grad_(True)
+        logp = torch.log_softmax(th, -1)
+        r = ref.to(logp.dtype)
+        # KL(pi || ref) is full_kl's; KL(ref || pi) = sum ref (log ref - log pi), written out (full_kl
+        # takes no gradient through its second argument)
+        kl = full_kl(logp[None], r[None]).sum() if forward else (r.exp() * (r - logp)).sum()
+        kl.backward()
+        assert th.grad is not None
+        return th.grad
+
+    assert torch.allclose(expected_grad("k3", "pathwise"), kl_grad(forward=False), atol=1e-10)
+    assert torch.allclose(expected_grad("k1", "pathwise"), torch.zeros(6, dtype=torch.float64), atol=1e-10)
+    for est in ("k1", "k3"):
+        assert torch.allclose(expected_grad(est, "full"), kl_grad(forward=True), atol=1e-10)
+    assert not torch.allclose(kl_grad(True), kl_grad(False), atol=1e-3)  # the two directions differ here
+    with pytest.raises(ValueError, match="pathwise"):
+        kl_penalty(t(-1.0), t(-2.0), "k3", "exact")  # type: ignore[arg-type]
+
+
 def test_full_kl_hand_value_and_beta_weighting() -> None:
     # pi = (1/2, 1/2), ref = (1/4, 3/4): KL = 1/2 log 2 + 1/2 log(2/3)
     lp = torch.log(torch.tensor([[0.5, 0.5]]))

@@ -119,9 +119,9 @@ def test_ppo_group_size_plays_each_task_g_times_with_a_leave_one_out_baseline(ti
 
 
 def test_shaped_rewards_from_expected_rewards_by_hand() -> None:
-    """reward_source=expected: the same shaping (scale by the batch std, -5 on invalid turns, +bonus on
-    an untried action) applied to meta["expected_rewards"] instead of rewards; a trajectory without
-    them is a one-line error naming the key and the env."""
+    """reward_source=expected: the same shaping (scale by the std of the batch's sampled rewards, -5 on
+    invalid turns, +bonus on an untried action) applied to meta["expected_rewards"] instead of rewards;
+    a trajectory without them is a one-line error naming the key and the env."""
     from turnrl.data.schema import Message, Trajectory
     from turnrl.train.ppo import shaped_rewards
 
@@ -134,7 +134,7 @@ def test_shaped_rewards_from_expected_rewards_by_hand() -> None:
                                                                            [0.6, 0.8, 0.6])]
     cfg = PPOConfig(reward_source="expected", exploration_bonus=1.0)
     out, stats = shaped_rewards(trajs, cfg)
-    s = 1 / float(np.std([0.2, 0.2, 0.0, 0.6, 0.8, 0.6]))
+    s = 1 / float(np.std([1.5, -0.7, 0.0, 0.1, 2.0, -1.0]))  # the sampled rewards' std, not the means'
     assert stats["reward_scale"] == pytest.approx(s)
     assert out[0] == pytest.approx([0.2 * s + 1, 0.2 * s, -5.0])
     assert out[1] == pytest.approx([0.6 * s + 1, 0.8 * s + 1, 0.6 * s])
@@ -148,15 +148,16 @@ def test_shaped_rewards_from_expected_rewards_by_hand() -> None:
 
 
 def test_ppo_trains_on_expected_rewards_from_the_same_rollout(tiny_dir: Path, tmp_path: Path) -> None:
-    """The first rollout is the same episodes either way; reward_source=expected scales by the std of
-    the arms' means, which is below the sampled rewards' (their noise is gone)."""
+    """The first rollout is the same episodes either way, and both sources are scaled by the sampled
+    rewards' std (the arms' means spread less: scaling them by their own std would weigh the penalty
+    and the bonus less against them, another objective)."""
     first = {}
     for source in ("env", "expected"):
         train_ppo(str(tiny_dir), "bandit", tmp_path / source, bandit_cfg(iterations=1, reward_source=source))
         first[source] = metrics(tmp_path / source)[0]
         assert json.loads((tmp_path / source / "summary.json").read_text())["run_config"]["ppo"]["reward_source"] == source
     assert first["env"]["rollout/return"] == first["expected"]["rollout/return"]
-    assert first["expected"]["rollout/reward_scale"] > 2 * first["env"]["rollout/reward_scale"]
+    assert first["expected"]["rollout/reward_scale"] == pytest.approx(first["env"]["rollout/reward_scale"])
 
 
 def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
@@ -392,6 +393,10 @@ def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> N
     assert "arms" in run("--env", "bandit", "--env-opt", "arms=0")
     assert "'epsilon': must be in [0, 1]" in run("--env", "bandit", "epsilon=2")
     assert "'temperature': must be a finite number > 0" in run("--env", "bandit", "temperature=0")
+    assert "ppo: temperature 0.7: the PPO ratio and the KL term are taken at temperature 1" in \
+        run("--env", "bandit", "temperature=0.7")
+    assert "kl_estimator=k1 with kl_gradient=pathwise pulls nothing" in run("--env", "bandit", "kl_estimator=k1")
+    assert "kl_gradient" in run("--env", "bandit", "kl_gradient=exact")
     assert "reward_source" in run("--env", "bandit", "reward_source=mean")
     # an env without expected rewards: one line at the first rollout, before any step
     err = run("--env", "tictactoe", "reward_source=expected", "iterations=1", "episodes_per_iter=2", "num_envs=2",

@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -148,8 +149,10 @@ def test_per_turn_views_too_long_are_counted_not_dropped_silently(ttt_pairs, tin
     units, stats = preference.load_units(ttt_pairs[0], chat, preference.PreferenceConfig(history=0, max_length=cut))
     kept = sum(len(u.seqs) for u in units)
     longer = sum(len(s.input_ids) > cut for u in full for s in u.seqs)
-    skipped = [u for u in full if all(len(s.input_ids) > cut for s, side in zip(u.seqs, u.sides) if side == 0)
-               or all(len(s.input_ids) > cut for s, side in zip(u.seqs, u.sides) if side == 1)]
+    def side_fits(u: Any, side: int) -> bool:
+        return any(len(s.input_ids) <= cut for s, sd in zip(u.seqs, u.sides, strict=True) if sd == side)
+
+    skipped = [u for u in full if not (side_fits(u, 0) and side_fits(u, 1))]
     assert len(units) + stats["skipped_too_long"] == len(full) and stats["skipped_too_long"] == len(skipped)
     assert stats["dropped_turns"] > 0
     assert kept + stats["dropped_turns"] == sum(len(u.seqs) for u in full if u not in skipped)

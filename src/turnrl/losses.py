@@ -684,6 +684,7 @@ __all__ += ["archer_actor_loss", "archer_advantage", "archer_q_loss", "archer_v_
 # per-token advantage is its turn's advantage broadcast to the turn's tokens.
 
 KLEstimator = Literal["k1", "k3"]
+KLGradient = Literal["pathwise", "full"]
 
 
 def ppo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, clip_eps: float = 0.2) -> LossOutput:
@@ -729,29 +730,46 @@ def ppo_policy_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, *, cli
     return losses, metrics
 
 
-def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k3") -> Tensor:
-    r"""Per-token estimate of :math:`KL(\pi_\theta\|\pi_{ref})` from the sampled token.
+def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k3",
+               gradient: KLGradient = "pathwise") -> Tensor:
+    r"""Per-token estimate :math:`k` of :math:`KL(\pi_\theta\|\pi_{ref})` from a token :math:`x \sim \pi_\theta`.
 
-    With :math:`\delta = \log\pi_{ref}(x) - \log\pi_\theta(x)` for the sampled token :math:`x`:
+    With :math:`\delta = \log\pi_{ref}(x) - \log\pi_\theta(x)`:
 
     * ``k1``: :math:`-\delta` (unbiased, can be negative, high variance);
-    * ``k3``: :math:`e^{\delta} - 1 - \delta` (Schulman's low-variance estimator; >= 0, 0 iff
-      the two log-probs agree; what GRPO uses).
+    * ``k3``: :math:`e^{\delta} - 1 - \delta` (Schulman's low-variance estimator, unbiased; >= 0,
+      0 iff the two log-probs agree; what GRPO uses).
 
-    Gradient flows through ``logps``. Example: :math:`\log\pi_\theta=-1`, :math:`\log\pi_{ref}=-2`
-    -> :math:`\delta=-1`: k1 = 1, k3 = :math:`e^{-1}` ≈ 0.3679.
+    The value is :math:`k` either way; ``gradient`` sets what its gradient estimates, since the
+    token was drawn from :math:`\pi_\theta` itself:
+
+    * ``pathwise``: :math:`\nabla k` through ``logps`` alone. In expectation this is
+      :math:`\nabla KL(\pi_{ref}\|\pi_\theta)` for k3 (:math:`\nabla k_3 = (1 - e^{\delta})\nabla\log\pi_\theta`,
+      and :math:`E_{\pi_\theta}[e^{\delta}\nabla\log\pi_\theta] = \nabla\sum_x\pi_{ref}\log\pi_\theta`) and 0 for k1.
+    * ``full``: :math:`\nabla k + k\,\nabla\log\pi_\theta` (the score-function term added), whose
+      expectation is :math:`\nabla E_{\pi_\theta}[k] = \nabla KL(\pi_\theta\|\pi_{ref})` for both;
+      returned as :math:`k + \mathrm{sg}(k)(\log\pi_\theta - \mathrm{sg}(\log\pi_\theta))`.
+
+    Example: :math:`\log\pi_\theta=-1`, :math:`\log\pi_{ref}=-2` -> :math:`\delta=-1`: k1 = 1,
+    k3 = :math:`e^{-1}` ≈ 0.3679; d k3 / d log pi_theta = 1 - e^{-1} ≈ 0.6321 (pathwise) and
+    0.6321 + 0.3679 = 1 (full).
 
     Returns:
         ``[N]`` per-token values (float32 or wider).
     """
     _same_shape("logps", logps, "ref_logps", ref_logps)
+    if gradient not in ("pathwise", "full"):
+        raise ValueError(f"kl gradient must be 'pathwise' or 'full', got {gradient!r}")
     work = _acc_dtype(logps.dtype)
-    delta = ref_logps.to(work).detach() - logps.to(work)
+    lp = logps.to(work)
+    delta = ref_logps.to(work).detach() - lp
     if estimator == "k1":
-        return -delta
-    if estimator == "k3":
-        return torch.expm1(delta) - delta
-    raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}")
+        k = -delta
+    elif estimator == "k3":
+        k = torch.expm1(delta) - delta
+    else:
+        raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}")
+    return k + k.detach() * (lp - lp.detach()) if gradient == "full" else k
 
 
 def full_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -784,6 +802,7 @@ def ppo_loss(
     beta_kl: float = 0.05,
     ref_logps: Tensor | None = None,
     kl_estimator: KLEstimator = "k3",
+    kl_gradient: KLGradient = "pathwise",
     logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
 ) -> LossOutput:
@@ -792,7 +811,7 @@ def ppo_loss(
     .. math::  L_i = -\min(\rho_i A_i,\ \mathrm{clip}(\rho_i, 1\pm\epsilon) A_i) + \beta_{KL}\,\widehat{KL}_i
 
     :math:`\widehat{KL}_i` is :func:`kl_penalty` of the sampled token (``ref_logps`` given,
-    estimator ``kl_estimator``) or, when ``logprobs`` and ``ref_logprobs`` (``[N, V]``) are
+    estimator ``kl_estimator``, gradient ``kl_gradient``) or, when ``logprobs`` and ``ref_logprobs`` (``[N, V]``) are
     given, the exact full-vocabulary :func:`full_kl`. With ``beta_kl = 0`` no reference is
     needed. The caller sums the per-token losses over the global batch and divides by its
     number of action tokens.
@@ -816,7 +835,7 @@ def ppo_loss(
             )
         kl = full_kl(logprobs, ref_logprobs)
     elif ref_logps is not None:
-        kl = kl_penalty(logps, ref_logps, kl_estimator)
+        kl = kl_penalty(logps, ref_logps, kl_estimator, kl_gradient)
     elif beta_kl > 0:
         raise ValueError("beta_kl > 0 needs ref_logps (or logprobs and ref_logprobs for the full-vocabulary KL)")
     else:

@@ -41,7 +41,11 @@ One iteration:
    ``metrics.jsonl``). The loss is :func:`~turnrl.losses.ppo_loss` per action token
    (clip 0.2, ``beta_kl`` 0.05 x KL(pi_theta || pi_ref) with the ``k3`` per-token
    estimator by default, ``k1``, or ``kl_estimator=full`` for the exact full-vocabulary
-   KL), averaged over the action tokens of the minibatch. ``pi_old`` log-probs (and old
+   KL), averaged over the action tokens of the minibatch. The per-token estimators' gradient
+   (``kl_gradient``): ``pathwise`` (default; GRPO's) differentiates the estimate through the
+   sampled token's log-prob, which for k3 is in expectation the gradient of KL(pi_ref ||
+   pi_theta), and for k1 is 0 (so k1 needs ``full``); ``full`` adds the score-function term,
+   which gives the gradient of KL(pi_theta || pi_ref) that the objective names. ``pi_old`` log-probs (and old
    values) are recomputed with one no-grad pass at the start of the iteration, so the
    ratio is 1 on the first minibatch (up to float rounding between packings);
    ``pi_ref`` is the starting model (under
@@ -74,7 +78,10 @@ Departures from the paper (and why):
   (turns t <= k) is fixed by then, so the expected policy gradient is the same and only its
   variance falls (a Rao-Blackwellised reward; exact for the plain policy gradient, close for
   PPO, whose clipping and standardised advantages are not linear in the rewards). It reads
-  means the agent never sees, which only a simulator has.
+  means the agent never sees, which only a simulator has. ``reward_norm`` divides both sources
+  by the standard deviation of the *sampled* rewards, so that the penalty and the bonus weigh
+  the same against them (before 29 Nov 2026 the means' own, smaller, deviation was used: the
+  means weighed about 3.5x more against the penalty and bonus than the samples did).
 * epsilon-greedy turns are executed but not trained on (the model did not write them); with
   GAE their states still get the value head's estimate (before 28 Nov 2026 they entered GAE
   with V = 0). A turn too long for ``max_length`` is neither trained nor valued (V = 0).
@@ -143,6 +150,10 @@ class PPOConfig(TrainConfig):
     clip_eps: float = 0.2
     beta_kl: float = 0.05
     kl_estimator: Literal["k1", "k3", "full"] = "k3"
+    #: the gradient the per-token KL term (``k1``/``k3``) gives (:func:`~turnrl.losses.kl_penalty`):
+    #: ``pathwise`` (GRPO's k3 in the loss) is, in expectation, the gradient of KL(pi_ref || pi_theta);
+    #: ``full`` adds the score-function term, giving that of KL(pi_theta || pi_ref)
+    kl_gradient: Literal["pathwise", "full"] = "pathwise"
     advantage: Literal["auto", "mc", "gae"] = "auto"
     gamma: float = 1.0
     gae_lambda: float = 0.95
@@ -350,6 +361,7 @@ class PPOObjective:
             else:
                 kwargs["ref_logps"] = torch.cat([_need(samples[s].ref_logps, "ref_logps") for s in order]).to(device)
                 kwargs["kl_estimator"] = cfg.kl_estimator
+                kwargs["kl_gradient"] = cfg.kl_gradient
         losses, m = ppo_loss(fw.logps, old, adv, clip_eps=cfg.clip_eps, beta_kl=cfg.beta_kl, **kwargs)
         total = losses.sum()
         metrics = {k: float(m[k].sum()) for k in ("ratio", "clipped", "approx_kl", "kl", "pg_loss")}
@@ -411,9 +423,12 @@ def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[li
     """Per-step training rewards of each episode (normalised env reward + penalty + bonus)."""
     base = [_base_rewards(t, cfg.reward_source) for t in trajs]
     env_r = [r for rs in base for r in rs]
+    # the scale is the sampled rewards' whatever the source: the expected rewards spread less, and
+    # their own scale would weigh the unscaled penalty and bonus less against them (another objective)
+    sampled = env_r if cfg.reward_source == "env" else [r for t in trajs for r in _base_rewards(t, "env")]
     scale = 1.0
-    if cfg.reward_norm and len(env_r) > 1:
-        std = float(np.std(env_r))
+    if cfg.reward_norm and len(sampled) > 1:
+        std = float(np.std(sampled))
         scale = 1.0 / std if std > 1e-8 else 1.0
     out: list[list[float]] = []
     bonus_n = invalid_n = 0
@@ -706,6 +721,12 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if bool(cfg.eval_every) != bool(cfg.eval_episodes):  # the evaluation needs both: one alone did nothing
         raise TurnRLError(f"ppo: eval_every ({cfg.eval_every}) and eval_episodes ({cfg.eval_episodes}) go together "
                           "(eval_episodes greedy episodes every eval_every steps); set both or neither")
+    if cfg.beta_kl > 0 and cfg.kl_estimator == "k1" and cfg.kl_gradient == "pathwise":
+        raise TurnRLError("ppo: kl_estimator=k1 with kl_gradient=pathwise pulls nothing toward the reference (k1's "
+                          "gradient through the sampled token is 0 in expectation); set kl_gradient=full or use k3")
+    if cfg.temperature != 1.0:
+        raise TurnRLError(f"ppo: temperature {cfg.temperature:g}: the PPO ratio and the KL term are taken at "
+                          "temperature 1, so rollouts sampled at another would be off-policy; leave it at 1")
     if cfg.split not in ("train", "seen", "unseen") or cfg.eval_split not in ("train", "seen", "unseen"):
         raise TurnRLError(f"ppo: unknown split; choose from: train, seen, unseen (got {cfg.split}, {cfg.eval_split})")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
