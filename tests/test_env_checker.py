@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 import turnrl.envs
@@ -34,6 +35,15 @@ def test_reset_chooses_the_task_by_task_id_else_by_seed_within_the_split(name: s
     assert all(env.reset(options={"split": "seen"})[1]["task_id"] in seen for _ in range(5))
     with pytest.raises(TurnRLError, match=rf"^{name}: unknown reset option 'spilt'; choose from: split, task_id$"):
         env.reset(seed=0, options={"spilt": "seen"})
+    # a seed that is no integer, a task id that is no string, a split that does not exist: one line each
+    assert env.reset(seed=np.int64(3), options={"split": "seen"})[1]["task_id"] == seen[3 % len(seen)]
+    for bad in ("3", 2.5, True):
+        with pytest.raises(TurnRLError, match=rf"^{name}: reset seed must be an integer"):
+            env.reset(seed=bad)  # type: ignore[arg-type]
+    with pytest.raises(TurnRLError, match="task_id must be a string"):
+        env.reset(options={"task_id": [seen[0]]})
+    with pytest.raises(TurnRLError, match="unknown split 'nope'"):
+        env.reset(options={"task_id": seen[0], "split": "nope"})
 
 
 @pytest.mark.parametrize("name", [n for n in turnrl.envs.names() if n not in SLOW_ENVS])
@@ -118,6 +128,23 @@ class Counter(TextEnv):
         if self.flags.get("bad_expert"):
             return ExpertStep(action="jump", thought="")
         return ExpertStep(action="+1", thought="One more.")
+
+
+def test_random_episodes_are_checked_where_states_list_no_actions() -> None:
+    """The shop's search page lists no actions; the random episode plays the expert's search there and
+    random clicks after, so an env whose random play never ends is caught (it used to stop before
+    its first step and pass)."""
+    from turnrl.envs.shop import Shop
+
+    class NeverEndingShop(Shop):  # any move but the expert's lifts the step limit
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+            if action != self.expert(random.Random(0)).action:
+                self.max_turns = 10**9
+            return super().step(action)
+
+    assert check_env(Shop(), episodes=2) == []
+    problems = check_env(NeverEndingShop(), episodes=2)
+    assert any("random episode" in p and "did not end within max_turns" in p for p in problems), problems
 
 
 def test_toy_env_passes() -> None:

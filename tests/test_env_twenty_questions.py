@@ -169,3 +169,21 @@ def test_expert_collection_through_the_sampler(name: str) -> None:
         trajs = run_policy(ExpertPolicy(), name, split=split, episodes=12, num_envs=4)
         assert all(t.success and t.terminated for t in trajs)
         assert all(t.return_ == -(t.num_turns - 1) for t in trajs)
+
+
+@pytest.mark.parametrize(("env_name", "question", "secrets"), [
+    ("twenty_questions", "Is it red or round?", ["20q-apple", "20q-orange", "20q-banana", "20q-grape"]),
+    ("twenty_questions", "Is it red but not round?", ["20q-apple", "20q-banana"]),
+    ("guess_my_city", "Is it on the coast or in Europe?", ["city-london", "city-paris", "city-dublin", "city-tokyo"]),
+])
+def test_a_compound_question_is_refused_whatever_the_secret(env_name: str, question: str, secrets: list[str]) -> None:
+    """Whether a free-text question is two questions in one is read from its words: the refusal does
+    not depend on the secret (it told which part was true) and no part's answer is given for it."""
+    env = envs.make(env_name, free_text=True)
+    replies = set()
+    for secret in secrets:
+        env.reset(options={"task_id": secret})
+        obs, _, _, _, info = env.step(question)
+        replies.add((obs.split(".")[0], info["invalid"]))
+    assert replies == {("Please ask one question at a time", True)}
+

@@ -151,6 +151,32 @@ def test_comparisons_roundtrip_and_bad_lines(tmp_path: Path) -> None:
         assert needle in str(exc.value)
 
 
+def test_read_comparisons_names_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(TurnRLError, match=r": is a directory$"):
+        read_comparisons(tmp_path)
+    with pytest.raises(TurnRLError, match=r"missing.jsonl: no such file$"):
+        read_comparisons(tmp_path / "missing.jsonl")
+
+
+def test_split_by_task_holds_out_at_least_one_task_and_trains_on_one() -> None:
+    from turnrl.train.preference_model import _split_by_task
+
+    def comps(n: int) -> list:
+        return comparisons_from_trajectories([_traj(f"t{k}", r, tag) for k in range(n)
+                                              for r, tag in ((1.0, "x"), (0.0, "y"))], seed=0)
+
+    def tasks(cs: list) -> set[str]:
+        return {c.task_id for c in cs}
+
+    for n, fraction, held in ((2, 0.75, 1), (4, 0.1, 1), (4, 0.5, 2), (10, 0.99, 9), (3, 0.0, 0)):
+        train, ev = _split_by_task(comps(n), fraction)
+        assert len(tasks(ev)) == held and len(tasks(train)) == n - held, (n, fraction)
+        assert not tasks(train) & tasks(ev)
+    with pytest.raises(TurnRLError, match=r"eval_fraction=0.5 .* 1 task\(s\)") as exc:
+        _split_by_task(comps(1), 0.5)
+    assert "\n" not in str(exc.value)
+
+
 def test_comparisons_cli_without_any_pair_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     from turnrl.data.io import write_jsonl
 
@@ -280,3 +306,40 @@ def test_make_oracle_errors() -> None:
     assert isinstance(make_oracle(OracleConfig()), EnvRewardOracle)
     with pytest.raises(TurnRLError, match="oracle.model"):
         make_oracle(OracleConfig(kind="pairwise_model"))
+
+
+def _sentencepiece_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]):
+    """A tokenizer built like Llama-2's / Mistral-v0.1's tokenizer.json: a ``▁`` is prepended
+    and spaces become ``▁``; without a ``▁▁A`` token, ``" A"`` alone is ``["▁", "▁A"]``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    t.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    t.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def test_judge_letters_are_the_tokens_written_after_the_answer_prefix() -> None:
+    """On a SentencePiece tokenizer the first token of " A" and of " B" is the same "▁": the
+    letters are read where the model writes them, after "Answer:", as two distinct tokens."""
+    from turnrl.oracles.judge import JudgeOracle
+
+    chars = "Answer:"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3, "A": 4, "B": 5, "▁A": 6, "▁B": 7,
+             **{c: 8 + i for i, c in enumerate(sorted(set(chars) - {"A"}))}}
+    merges = [("▁", "A"), ("▁", "B")]
+    tok = _sentencepiece_tokenizer(vocab, merges)
+    assert tok(" A", add_special_tokens=False)["input_ids"][0] == tok(" B", add_special_tokens=False)["input_ids"][0]
+    judge = JudgeOracle.__new__(JudgeOracle)
+    judge.tok = tok
+    a, b = judge._letter_ids()
+    assert tok.convert_ids_to_tokens([a, b]) == ["▁A", "▁B"]
+    # the verdict read off logits that clearly prefer A is A, not 1/2
+    final = torch.zeros(len(vocab))
+    final[a] = 5.0
+    assert torch.softmax(torch.stack([final[a], final[b]]), 0)[0] > 0.99
+    # a tokenizer that cannot write the letters: a one-line error, not probabilities of 1/2
+    judge.tok = _sentencepiece_tokenizer({"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3}, [])
+    with pytest.raises(TurnRLError, match="distinct tokens"):
+        judge._letter_ids()

@@ -7,7 +7,9 @@ import copy
 
 import pytest
 
+from turnrl.agent.prompting import agent_view
 from turnrl.data.schema import Message
+from turnrl.errors import TurnRLError
 from turnrl.tokenization import ChatFormat
 
 CHATML = (
@@ -48,6 +50,70 @@ DEEPSEEK_CODER = (
     "{% if add_generation_prompt %}{{ '### Response:' }}{% endif %}"
 )
 
+# Mistral-7B-Instruct-v0.3 / Nemo (no tools): the system message is written into the LAST user
+# message only, and only when that message ends the conversation
+MISTRAL_V03 = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{ bos_token }}{%- for message in loop_messages %}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('After the optional system message, conversation roles must alternate') }}{%- endif %}"
+    "{%- if message['role'] == 'user' %}{%- if loop.last and system_message is defined %}"
+    "{{ '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{ '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}"
+    "{%- else %}{{ raise_exception('Only user and assistant roles are supported') }}{%- endif %}{%- endfor %}"
+)
+# Qwen3 (no tools), as published: the last assistant turn after the last user query gets an empty
+# <think> block, which earlier turns lose once later turns exist
+QWEN3 = """{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
 # name -> (template, special tokens to add, eos, bos, expected end-of-turn marker)
 STYLES = {
     "chatml": (CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>", None, "<|im_end|>"),
@@ -59,6 +125,11 @@ STYLES = {
     "deepseek_coder": (DEEPSEEK_CODER, ["<|begin_of_sentence|>", "<|EOT|>"], "<|EOT|>", "<|begin_of_sentence|>",
                        "<|EOT|>"),
     "none": (None, ["</s>"], "</s>", None, "</s>"),
+}
+# templates that do not render a past turn as its sampling prompt had it (not in STYLES)
+OTHER_STYLES = {
+    "mistral_v03": (MISTRAL_V03, ["<s>", "</s>"], "</s>", "<s>", "</s>"),
+    "qwen3": (QWEN3, ["<|im_start|>", "<|im_end|>", "<think>", "</think>"], "<|im_end|>", None, "<|im_end|>"),
 }
 
 MESSAGES = [
@@ -74,7 +145,7 @@ MESSAGES = [
 
 
 def styled(tokenizer, style: str):
-    template, specials, eos, bos, _ = STYLES[style]
+    template, specials, eos, bos, _ = {**STYLES, **OTHER_STYLES}[style]
     tok = copy.deepcopy(tokenizer)
     tok.add_special_tokens({"additional_special_tokens": specials})
     tok.eos_token = eos
@@ -115,6 +186,7 @@ def test_prompt_is_a_prefix_of_the_training_sequence(tiny_tokenizer, style: str)
     """What the model saw before turn t is exactly what precedes turn t in training."""
     tok = styled(tiny_tokenizer, style)
     chat = ChatFormat(tok)
+    assert chat.prefix_consistent
     enc = chat.encode(MESSAGES)
     assert enc is not None
     a_idx = [i for i, m in enumerate(MESSAGES) if m.role == "assistant"]
@@ -190,3 +262,42 @@ def test_replies_sampled_as_trained_are_trained_as_sampled(tiny_tokenizer, style
     enc = chat.encode(rollout)
     assert enc is not None and enc.reencoded_turns == 0, style
     assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled
+
+
+def test_qwen3_template_never_trains_a_turn_on_another_context_than_its_prompt(tiny_tokenizer) -> None:
+    """Qwen3 renders the last assistant turn with an empty <think> block that earlier turns lose
+    once later turns exist: one sequence of the whole conversation would train turns 0 and 1
+    on a context they were not sampled from. It is refused; one sequence per turn is exact."""
+    tok = styled(tiny_tokenizer, "qwen3")
+    chat = ChatFormat(tok)
+    with pytest.raises(TurnRLError, match="renders a past assistant turn differently.*turn 0"):
+        chat.encode(MESSAGES)
+    assert not chat.prefix_consistent and chat.eot_text.strip() == "<|im_end|>"
+    # only the last turn trains: its context is its prompt, the sequence is accepted
+    enc = chat.encode(MESSAGES, trainable_turns=[2])
+    assert enc is not None and enc.num_turns == 1
+    start = enc.turn_index.index(2)
+    assert enc.input_ids[:start] == chat.prompt_ids(MESSAGES[:-1])
+    for turn in range(3):
+        view, local = agent_view(MESSAGES, turn, 10)
+        enc = chat.encode(view, trainable_turns=[local])
+        assert enc is not None and enc.num_turns == 1
+        start = enc.turn_index.index(local)
+        assert enc.input_ids[:start] == chat.prompt_ids(view[:-1])
+        assert tok.decode(chat.prompt_ids(view[:-1])).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_system_message_a_template_leaves_out_is_folded(tiny_tokenizer) -> None:
+    """Mistral-v0.3 writes the system message only into a final user message, which is never
+    final here (an assistant turn follows): it is folded into the first user message instead."""
+    tok = styled(tiny_tokenizer, "mistral_v03")
+    chat = ChatFormat(tok)
+    system = MESSAGES[0].content
+    prompt = tok.decode(chat.prompt_ids(MESSAGES[:2]))
+    assert prompt.startswith("<s>[INST] " + system + "\n\n" + MESSAGES[1].content)
+    enc = chat.encode(MESSAGES)
+    assert enc is not None
+    assert tok.decode(enc.input_ids).count(system) == 1
+    a_idx = [i for i, m in enumerate(MESSAGES) if m.role == "assistant"]
+    for turn, i in enumerate(a_idx):
+        assert enc.input_ids[: enc.turn_index.index(turn)] == chat.prompt_ids(MESSAGES[:i])

@@ -12,6 +12,9 @@ Pieces are tokenized one by one, and agent turns that carry the token ids sample
 rollout are spliced in as they were sampled, so the tokens trained on are exactly the
 tokens generated (no decode / re-encode drift). The rollout builds its prompts with the
 same function, so the context a model saw when it acted is the context it is trained with.
+Templates for which that cannot hold in one sequence of a whole conversation (Qwen3 renders
+past turns differently once later turns exist) are detected when a ``ChatFormat`` is built,
+and such a sequence is refused (:attr:`ChatFormat.prefix_consistent`).
 
 Truncation policy (``max_length``): a sequence is cut only between agent turns. The
 longest prefix of the conversation that ends right after an agent turn's end-of-turn
@@ -41,6 +44,7 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 _SENTINEL = "\ue000TURNRL{}\ue001"
+_SYSTEM_SENTINEL = "\ue000TURNRLSYSTEM\ue001"
 
 
 @dataclass
@@ -101,6 +105,12 @@ class ChatFormat:
         )
         self._fold_system = False
         self._cache: dict[str, list[int]] = {}
+        #: False for templates that render a past turn differently once later turns exist
+        #: (Qwen3 keeps its empty ``<think>`` block on the last assistant turn only): a turn's
+        #: sampling prompt is then not what precedes it in a longer training sequence, and
+        #: :meth:`encode` refuses such a sequence instead of training on the wrong context.
+        self.prefix_consistent = True
+        self._probe_system()
         eot = self._probe_end_of_turn()
         #: the end-of-turn marker that follows agent turns in rendered text ('' if none)
         self.eot_text = eot
@@ -109,6 +119,7 @@ class ChatFormat:
             if tid not in ids:
                 ids.append(tid)
         self.stop_token_ids = ids
+        self.prefix_consistent = self._probe_prefix()
 
     # ------------------------------------------------------------------ rendering
     def _apply(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
@@ -128,6 +139,49 @@ class ChatFormat:
         if not isinstance(text, str):  # some versions return a list for batched input
             text = text[0]
         return str(text)
+
+    def _probe_system(self) -> None:
+        """Fold the system message into the first user message when the template leaves it
+        out of the conversations rendered here (Mistral-7B-Instruct-v0.3 and Nemo write it
+        only into the last user message when that message ends the conversation, which it
+        never does once an assistant turn follows)."""
+        system = {"role": "system", "content": _SYSTEM_SENTINEL}
+        probes = [
+            [system, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+            [system, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+             {"role": "user", "content": "v"}, {"role": "assistant", "content": "b"}],
+        ]
+        for msgs in probes:
+            if _SYSTEM_SENTINEL in self._apply(msgs, add_generation_prompt=False):
+                continue
+            if self._fold_system:
+                raise TurnRLError("the chat template does not render the system message, even folded into the first "
+                                  "user message; the task instruction would be lost")
+            self._fold_system = True
+            self._probe_system()
+            return
+
+    def _probe_prefix(self) -> bool:
+        """Whether each turn's sampling prompt (:meth:`prompt_ids`) is what precedes that turn
+        in the rendering of a longer conversation, on a small probe conversation."""
+        probe: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+        for k in range(3):
+            probe += [{"role": "user", "content": f"u{k}"}, {"role": "assistant", "content": f"a{k}"}]
+        return self._context_mismatch(probe) is None
+
+    def _context_mismatch(self, messages: Sequence[Message | dict], turns: set[int] | None = None,
+                          max_length: int | None = None) -> int | None:
+        """The first agent turn (among ``turns``, default all; only turns that end within
+        ``max_length``) whose context in the training sequence of ``messages`` is not its
+        sampling prompt, or None."""
+        ids: list[int] = []
+        for seg, piece, _ in self._pieces(self.segments(messages), messages):
+            if (seg.turn >= 0 and (turns is None or seg.turn in turns)
+                    and (max_length is None or len(ids) + len(piece) <= max_length)
+                    and ids != self.prompt_ids(list(messages[: seg.message_index]))):
+                return seg.turn
+            ids.extend(piece)
+        return None
 
     def _probe_end_of_turn(self) -> str:
         probe = [
@@ -227,9 +281,20 @@ class ChatFormat:
         which agent turns carry the mask (default all); ``turn_offset`` is added to the
         recorded turn index (for windowed views of longer trajectories). Returns None when
         even the first trainable turn does not fit in ``max_length``.
+
+        With a template that is not :attr:`prefix_consistent`, a trainable turn whose context
+        here differs from its sampling prompt (a turn followed by later turns, under Qwen3's
+        template) is a :class:`TurnRLError`: train one sequence per turn (``history``).
         """
         segs = self.segments(messages, add_generation_prompt=add_generation_prompt)
         trainable = None if trainable_turns is None else set(trainable_turns)
+        if not self.prefix_consistent:
+            bad = self._context_mismatch(messages, trainable, max_length)
+            if bad is not None:
+                raise TurnRLError(
+                    f"the chat template renders a past assistant turn differently once later turns exist (as "
+                    f"Qwen3's does with its <think> block), so agent turn {bad + turn_offset}'s context in this "
+                    f"sequence is not the prompt it was sampled from; train one sequence per turn (set `history`)")
         ids: list[int] = []
         mask: list[int] = []
         turns: list[int] = []

@@ -15,6 +15,7 @@ out-of-distribution tasks) and an ``expert`` that acts with a short templated ra
 from __future__ import annotations
 
 import abc
+import numbers
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -78,11 +79,16 @@ class TextEnv(abc.ABC):
         extra = sorted(set(options) - {"task_id", "split"})
         if extra:
             raise TurnRLError(f"{self.name}: unknown reset option {extra[0]!r}; choose from: split, task_id")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TurnRLError(f"{self.name}: reset seed must be an integer (got {seed!r})")
+        split = options.get("split", "train")
+        ids = self.task_ids(split)  # an unknown split is an error even beside a task id
         if "task_id" in options:
+            if not isinstance(options["task_id"], str):
+                raise TurnRLError(f"{self.name}: task_id must be a string (got {options['task_id']!r})")
             return options["task_id"]
-        ids = self.task_ids(options.get("split", "train"))
         if seed is not None:
-            return ids[seed % len(ids)]
+            return ids[int(seed) % len(ids)]
         if self._unseeded is None:
             self._unseeded = random.Random()
         return self._unseeded.choice(ids)

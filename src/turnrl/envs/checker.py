@@ -17,7 +17,8 @@ What is checked:
   and ``valid_actions`` (in info or from ``env.valid_actions()``) is a list of strings;
 - expert episodes (an :class:`ExpertStep` each turn, its action among the valid actions
   when they are known) end within ``env.max_turns`` turns with ``won`` or ``success`` in
-  the final info; episodes of random valid actions end too;
+  the final info; episodes of random valid actions end too (where a state lists no actions, such as a
+  shop's search page or ScienceWorld's free-text commands, the expert's action is played there);
 - an expert episode replayed with the same seed and the same expert rng gives the same
   trajectory.
 """
@@ -150,7 +151,8 @@ class _Checker:
         return n
 
     def episode(self, seed: int, policy: str, rng: random.Random) -> list[tuple[Any, ...]]:
-        """Play one episode with the expert or random valid actions; return its trajectory."""
+        """Play one episode with the expert or random valid actions (the expert's where none are
+        listed); return its trajectory."""
         obs, info = self.reset(f"reset(seed={seed})", seed=seed)
         trajectory: list[tuple[Any, ...]] = [(obs, info.get("task_id"))]
         limit = self.max_turns()
@@ -169,10 +171,14 @@ class _Checker:
                 if acts and step.action not in acts:
                     self.problem(f"expert action {step.action!r} is not among valid_actions {_short(acts)}")
                 action = step.action
-            else:
-                if not acts:
-                    return trajectory  # cannot play random actions without knowing them
+            elif acts:
                 action = rng.choice(acts)
+            else:  # no list to draw from (a search page, free-text commands): the expert's step
+                step = self.call("expert", self.env.expert, rng)
+                if not isinstance(step, ExpertStep) or not isinstance(step.action, str):
+                    self.problem(f"expert must return an ExpertStep with a str action, got {_short(step)}")
+                    raise _Stop
+                action = step.action
             obs, reward, terminated, truncated, info = self.step(action)
             trajectory.append((action, obs, float(reward), terminated, truncated))
             if terminated or truncated:

@@ -18,7 +18,9 @@ the water``, ``0`` to answer an ambiguity question). The reward of a step is the
 Episodes end (terminated) when the task completes (``success``) or fails (a negative
 score, e.g. focusing on the wrong object), and are truncated after the task's step limit
 (:data:`STEP_LIMITS`, about 1.5x its longest gold path seen, and never below the gold path
-of the episode plus 10).
+of the episode plus 10 once that path is known: generated for the expert, in this process or
+in the ``gold_dir`` cache; ``reset`` reads the cache, so every player of a known task gets the
+same limit).
 
 Valid actions. ScienceWorld's parser accepts many phrasings of an action, and the
 action-object combinations the package lists leave out a third of its own gold actions
@@ -103,9 +105,9 @@ TASK_NAMES = tuple(t[1] for t in TASKS)
 _BY_NAME = {t[1]: t for t in TASKS}
 
 #: Agent turns per episode, per task: about 1.5x the longest gold path found in a sample of
-#: variations, rounded up to 10, at least 30.
+#: variations, rounded up to 10, at least 30 (boil: 160, above boil-v20's 142-action gold path + 10).
 STEP_LIMITS: dict[str, int] = {
-    "boil": 130, "melt": 100, "freeze": 130, "change-the-state-of-matter-of": 100,
+    "boil": 160, "melt": 100, "freeze": 130, "change-the-state-of-matter-of": 100,
     "use-thermometer": 40, "measure-melting-point-known-substance": 120,
     "measure-melting-point-unknown-substance": 150, "power-component": 30,
     "power-component-renewable-vs-nonrenewable-energy": 50, "test-conductivity": 50,
@@ -402,6 +404,9 @@ class ScienceWorld(TextEnv):
         self._history, self._gold, self._score, self._failure = [], None, 0, None
         self._done = False
         self.max_turns = self.fixed_max_turns or STEP_LIMITS[name]
+        gold = None if self.fixed_max_turns else self._cached_gold()
+        if gold is not None:  # the floor the expert's episodes get, for every player of a known task
+            self.max_turns = max(self.max_turns, len(gold) + 10)
         for attempt in (1, 2):
             try:
                 obs = self._load(gold=False)
@@ -489,17 +494,25 @@ class ScienceWorld(TextEnv):
         return java.call(lambda: str(java.env.server.step("look around")), self.step_timeout,
                          f"starting {self._task_id}")
 
-    def _gold_actions(self) -> list[str]:
+    def _cached_gold(self) -> list[str] | None:
+        """The task's gold path if it was generated before (in this process or under ``gold_dir``)."""
         assert self._task is not None
         name, variation = self._task
-        key = (name, variation, self.simplification)
-        gold = _GOLD_MEMORY.get(key)
+        gold = _GOLD_MEMORY.get((name, variation, self.simplification))
         path = _gold_path(self.gold_dir, name, variation, self.simplification)
         if gold is None and path is not None and path.is_file():
             try:
                 gold = [str(a) for a in json.loads(path.read_text())["actions"]]
             except (ValueError, KeyError, TypeError):
                 gold = None  # a damaged cache file: generate again
+        return gold
+
+    def _gold_actions(self) -> list[str]:
+        assert self._task is not None
+        name, variation = self._task
+        key = (name, variation, self.simplification)
+        gold = self._cached_gold()
+        path = _gold_path(self.gold_dir, name, variation, self.simplification)
         if gold is None:
             # generating the gold path reloads the task: replay the actions taken so far
             self._load(gold=True)

@@ -269,8 +269,9 @@ class QAGame(TextEnv):
             if hits:
                 top = max(n for _, n in hits)
                 tied = [q2 for q2, n in hits if n == top]
-                assert self._secret is not None
-                if len({q2.answer(self._secret) for q2 in tied}) > 1:
+                # ambiguous by its words alone: whether the answers of the parts agree for this secret
+                # must not decide it, or the refusal itself would tell about the secret
+                if len(tied) > 1:
                     return "unknown", "Please ask one question at a time.", None
                 q = tied[0]
         if q is None:

@@ -344,7 +344,7 @@ def read_comparisons(path: str | Path) -> list[Comparison]:
 
     p = Path(path)
     if not p.is_file():
-        raise TurnRLError(f"{p}: no such file")
+        raise TurnRLError(f"{p}: {'is a directory' if p.is_dir() else 'no such file'}")
     out = []
     for line, d in iter_jsonl(p):
         where = f"{p}:{line}"

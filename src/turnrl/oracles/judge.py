@@ -6,7 +6,8 @@ distribution right after the prompt (and the answer prefix ``Answer:``):
 
 .. math::  p_{AB} = \\frac{e^{\\ell_A}}{e^{\\ell_A} + e^{\\ell_B}}
 
-with :math:`\\ell_A, \\ell_B` the logits of the first token of ``" A"`` and ``" B"``. Each
+with :math:`\\ell_A, \\ell_B` the logits of the tokens ``A`` and ``B`` as the model would write
+them after ``Answer:`` (the first token ``"Answer: A"`` adds to ``"Answer:"``). Each
 query is asked in both orders and ``P(i, j) = (p_{ij} + 1 - p_{ji}) / 2``, which cancels a
 judge's position bias (:func:`~turnrl.oracles.preference_matrices` does the averaging, as the
 oracle is not symmetric by construction). :func:`parse_verdict` reads a generated verdict
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from turnrl.errors import TurnRLError
 from turnrl.oracles import Oracle, Query, render_task, render_trajectory
 from turnrl.tokenization import ChatFormat
 
@@ -64,18 +66,35 @@ class JudgeOracle(Oracle):
         self.max_tokens = max_tokens
         self.final_observation = final_observation
         self.answer_ids = self._answer_prefix_ids()
-        self.token_a, self.token_b = self._letter_id("A"), self._letter_id("B")
+        self.token_a, self.token_b = self._letter_ids()
 
     def _answer_prefix_ids(self) -> list[int]:
         return list(self.tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
 
-    def _letter_id(self, letter: str) -> int:
-        # the token the model would write after "Answer:": " A" where the tokenizer has it
-        for text in (f" {letter}", letter):
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            if ids:
-                return int(ids[0])
-        raise ValueError(f"the tokenizer cannot encode {letter!r}")
+    def _letter_ids(self) -> tuple[int, int]:
+        """The ids of the tokens ``A`` and ``B`` as the model would write them after ``Answer:``.
+
+        Each is the first token that encoding ``"Answer: A"`` adds to the encoding of
+        ``"Answer:"``: encoding ``" A"`` alone is no good on SentencePiece tokenizers (Llama-2,
+        Mistral), which prepend a ``▁`` and split it into ``["▁", "▁A"]``, the same first token
+        for both letters and every probability 1/2. An error if the letters are not two
+        distinct tokens that decode to them."""
+        a, b = self._letter_id("A"), self._letter_id("B")
+        if a is None or b is None or a == b:
+            raise TurnRLError(f"the judge's tokenizer does not write the verdict letters A and B as two distinct "
+                              f"tokens after {ANSWER_PREFIX!r}; use another judge model")
+        return a, b
+
+    def _letter_id(self, letter: str) -> int | None:
+        base = list(self.tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
+        for sep in (" ", ""):
+            ids = list(self.tok(ANSWER_PREFIX + sep + letter, add_special_tokens=False)["input_ids"])
+            n = 0
+            while n < min(len(base), len(ids)) and base[n] == ids[n]:
+                n += 1
+            if n < len(ids) and str(self.tok.decode([ids[n]], skip_special_tokens=False)).strip() == letter:
+                return int(ids[n])
+        return None
 
     def _clip(self, text: str, budget: int) -> str:
         ids = self.tok(text, add_special_tokens=False)["input_ids"]

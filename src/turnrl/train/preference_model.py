@@ -128,9 +128,16 @@ def agreement(model: PairwiseModel, data: Sequence[EncodedComparison], pad_id: i
 
 
 def _split_by_task(comps: list[Comparison], fraction: float) -> tuple[list[Comparison], list[Comparison]]:
+    """Hold out the last ``round(len(tasks) * fraction)`` tasks (sorted), at least one and at most
+    all but one when ``fraction > 0``; fewer than two tasks cannot be split."""
     tasks = sorted({c.task_id for c in comps})
-    n_eval = int(round(len(tasks) * fraction))
-    held = set(tasks[len(tasks) - n_eval:]) if n_eval else set()
+    if fraction <= 0:
+        return list(comps), []
+    if len(tasks) < 2:
+        raise TurnRLError(f"eval_fraction={fraction} holds out whole tasks, but the data has {len(tasks)} task(s); "
+                          f"give --eval-data or set eval_fraction=0")
+    n_eval = min(max(int(round(len(tasks) * fraction)), 1), len(tasks) - 1)
+    held = set(tasks[len(tasks) - n_eval:])
     return [c for c in comps if c.task_id not in held], [c for c in comps if c.task_id in held]
 
 
