@@ -212,3 +212,80 @@ def test_help_shows_the_ray_extra_in_brackets(command: str, capsys, monkeypatch)
     monkeypatch.setenv("COLUMNS", "300")
     code, out, _ = run([command, "--help"], capsys)
     assert code == 0 and "pip install 'turnrl[ray]'" in out
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """typer (standalone_mode=False) turns Ctrl-C into Exit(130) and returns its code: main exits with it."""
+    import turnrl.data.io
+
+    def interrupted(path: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(turnrl.data.io, "summarize", interrupted)
+    code, _, err = run(["data", "validate", str(tmp_path / "x.jsonl")], capsys)
+    assert code == 130 and one_line_error(code, err) == "interrupted"
+
+
+def test_a_failed_env_check_exits_1(capsys, monkeypatch) -> None:
+    import turnrl.envs.checker
+
+    monkeypatch.setattr(turnrl.envs.checker, "check_env", lambda env, episodes: ["reset returned no observation"])
+    code, out, err = run(["envs", "check", "tictactoe"], capsys)
+    assert code == 1 and "reset returned no observation" in one_line_error(code, err)
+    assert "contract holds" not in out
+
+
+ETO_ITEM = [{"id": "a1", "conversations": [
+    {"from": "human", "value": "You are in a shop. Instruction: buy a hat"}, {"from": "gpt", "value": "OK"},
+    {"from": "human", "value": "Observation: page"}, {"from": "gpt", "value": "Thought: x\nAction: search[hat]"}]}]
+
+
+def test_import_eto_refuses_a_non_finite_reward_and_its_own_input_as_out(tmp_path: Path, capsys,
+                                                                         monkeypatch) -> None:
+    src = tmp_path / "eto.json"
+    src.write_text(json.dumps(ETO_ITEM))
+    data = src.read_bytes()
+    out = tmp_path / "t.jsonl"
+    for value in ("nan", "inf", "-inf"):
+        code, _, err = run(["data", "import-eto", str(src), "--out", str(out), "--default-reward", value], capsys)
+        assert "--default-reward" in one_line_error(code, err) and code == 2
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(["data", "import-eto", "eto.json", "--out", str(src)], capsys)  # another spelling of it
+    assert "is the input file" in one_line_error(code, err)
+    assert src.read_bytes() == data and not out.exists()
+    code, stdout, _ = run(["data", "import-eto", "eto.json", "--out", str(out), "--default-reward", "1"], capsys)
+    assert code == 0 and "wrote 1 trajectories" in stdout
+
+
+def test_pairs_scored_refuses_the_pair_options_it_would_ignore(tmp_path: Path, capsys) -> None:
+    agent = tmp_path / "agent.jsonl"
+    assert run(["collect", "--env", "tictactoe", "--policy", "random", "--episodes", "4", "--out", str(agent)],
+               capsys)[0] == 0
+    out = tmp_path / "s.jsonl"
+    base = ["pairs", "--scored", "--explored", str(agent), "--out", str(out)]
+    for extra, named in ((["--mode", "step"], "--mode step"), (["--truncate-k", "2"], "--truncate-k 2"),
+                         (["--expert", str(agent)], "--expert"), (["--losers", "clean"], "--losers clean")):
+        code, _, err = run(base + extra, capsys)
+        line = one_line_error(code, err)
+        assert code == 2 and named in line and "--scored" in line, line
+    assert not out.exists()
+    code, stdout, _ = run(base, capsys)
+    assert code == 0 and "4 scored samples" in stdout
+
+
+def test_diagnose_checks_every_policy_before_any_work(tmp_path: Path, capsys, monkeypatch) -> None:
+    import turnrl.diagnostics.bandit
+
+    def no_work(*a: object, **k: object) -> None:
+        raise AssertionError("diagnose started before every --policy was checked")
+
+    monkeypatch.setattr(turnrl.diagnostics.bandit, "diagnose", no_work)
+    out = tmp_path / "diag"
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--policy", "thompsn", "--out", str(out)], capsys)
+    assert "did you mean 'thompson'" in one_line_error(code, err)
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--policy", "ucb:c=x", "--out", str(out)], capsys)
+    assert "c must be a number" in one_line_error(code, err)
+    code, _, err = run(["diagnose", "bandit", "--policy", "random", "--policy", str(tmp_path / "nope"),
+                        "--out", str(out)], capsys)
+    assert "--policy: model path not found" in one_line_error(code, err)
+    assert not out.exists()

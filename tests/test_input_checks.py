@@ -341,3 +341,75 @@ def test_a_section_given_in_part_keeps_its_free_form_dicts_whole(tmp_path: Path)
     assert cfg.pipeline.env_opts == {"arms": 5}
     assert cfg.pipeline.train == CompareConfig().pipeline.train.model_copy(update={"beta": 0.3})
     assert cfg.pipeline.sft == CompareConfig().pipeline.sft
+
+
+def test_yaml_merge_keys_load_and_a_key_set_twice_still_fails(tmp_path: Path) -> None:
+    from turnrl.train.sft import SFTConfig
+
+    cfg = tmp_path / "c.yaml"
+    # a merge key: the anchored mapping's keys, a key set next to it overriding its value
+    cfg.write_text("lr: &lr 0.001\nepochs: 2\n<<: {seed: 3, batch_size: 2}\nbatch_size: 4\n")
+    c = load_config(SFTConfig, cfg)
+    assert (c.lr, c.epochs, c.seed, c.batch_size) == (0.001, 2, 3, 4)
+    from turnrl.pipelines.eto import EtoConfig
+
+    # a merge into a nested section (a free-form env_opts dict)
+    cfg.write_text("env: bandit\nenv_opts:\n  <<: &arms {arms: 5}\n  horizon: 7\n")
+    assert load_config(EtoConfig, cfg).env_opts == {"arms": 5, "horizon": 7}
+    cfg.write_text("<<: {seed: 3}\nlr: 0.1\nlr: 0.2\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml:3: key 'lr' is set twice"):
+        load_config(SFTConfig, cfg)
+    cfg.write_text("<<: 3\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml:1: invalid YAML"):
+        load_config(SFTConfig, cfg)
+
+
+def test_a_boolean_is_no_number(tmp_path: Path) -> None:
+    """pydantic reads true as 1 for an int or float: batch_size=true trained with 1, lr=on with 1.0."""
+    from turnrl.pipelines.compare import CompareConfig
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.train.sft import SFTConfig
+
+    for item, key in (("batch_size=true", "batch_size"), ("lr=on", "lr"), ("history=false", "history")):
+        with pytest.raises(TurnRLError, match=rf"override '{item}': bad value for '{key}': must be a number, "
+                                              r"not a boolean \(got (True|False)\)"):
+            load_config(SFTConfig, None, [item])
+    with pytest.raises(TurnRLError, match=r"'train\.beta': must be a number, not a boolean"):
+        load_config(EtoConfig, None, ["train.beta=yes"])
+    with pytest.raises(TurnRLError, match=r"'seeds': must be a number, not a boolean"):
+        load_config(CompareConfig, None, ["seeds=[1, true]"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("epochs: 2\nlr: on\n")
+    with pytest.raises(TurnRLError, match=r"c\.yaml:2: bad value for 'lr'"):
+        load_config(SFTConfig, cfg)
+    c = load_config(SFTConfig, None, ["only_success=true", "batch_size=4", "lr=1e-3", "history=null"])
+    assert c.only_success is True and c.batch_size == 4 and c.lr == 1e-3 and c.history is None
+    assert load_config(EtoConfig, None, ["self_play=true", "env_opts={flag: true}"]).env_opts == {"flag": True}
+
+
+def test_a_missing_model_path_under_an_existing_folder_fails_at_once(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``models/nope`` with a ./models folder is a mistyped path, not a hub id (48 s of hub retries)."""
+    from turnrl.models.loading import check_model_name, resolve_model_path
+    from turnrl.pipelines.eto import EtoConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(TurnRLError, match=r"^model path not found: models/nope$"):
+        resolve_model_path("models/nope")
+    with pytest.raises(TurnRLError, match=r"^model: model path not found: models/nope$"):
+        check_model_name("models/nope")
+    with pytest.raises(TurnRLError, match=r"model: model path not found: models/nope"):
+        EtoConfig(model="models/nope").check()  # before any pipeline work
+    check_model_name("someorg/some-model")  # no ./someorg: a hub id, resolved when loaded
+    assert resolve_model_path("someorg/some-model") == "someorg/some-model"
+
+
+def test_sft_data_that_is_a_folder_says_so(tmp_path: Path) -> None:
+    from turnrl.train.sft import load_trajectories
+
+    (tmp_path / "data").mkdir()
+    with pytest.raises(TurnRLError, match=r"data: is a directory, not a trajectory file$"):
+        load_trajectories(tmp_path / "data")
+    with pytest.raises(TurnRLError, match=r"x\.jsonl: no such file$"):
+        load_trajectories(tmp_path / "x.jsonl")

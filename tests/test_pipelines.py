@@ -1059,3 +1059,50 @@ def test_compare_base_row_is_one_evaluation_when_greedy_and_one_a_seed_when_samp
             assert compare._base(run)[0]["method"] == "base"
     assert outs == [tmp_path / "t0.0" / "base-eval.json", tmp_path / "t1.0" / "seed-0" / "base-eval.json",
                     tmp_path / "t1.0" / "seed-1" / "base-eval.json"]
+
+
+def test_a_pipeline_out_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from test_cli import one_line_error, run
+
+    regfile = tmp_path / "regfile"
+    regfile.write_text("mine\n")
+    for command in ("eto", "dmpo", "sppo", "compare"):
+        for out, what in ((regfile, "is a file, not a folder"), (regfile / "sub", f"{regfile} is a file")):
+            code, _, err = run([command, f"out={out}"], capsys)
+            line = one_line_error(code, err)
+            assert code == 2 and line.startswith(f"error: out {out}: ") and what in line, (command, line)
+    assert regfile.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["regfile"]
+
+
+def test_settings_record_the_command_and_another_commands_folder_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``turnrl quickstart --out`` on a ``turnrl eto`` folder rewrote its settings.json, and eto then reused
+    stages made with other settings: settings.json names its command, and another command is refused."""
+    from test_cli import one_line_error, run
+
+    from turnrl.pipelines.iterative import check_settings, made_by
+
+    out = tmp_path / "e"
+    with made_by("eto"):
+        check_settings(out, {"env": "tictactoe", "env_opts": {}, "loss": "dpo"})
+    made = (out / "settings.json").read_text()
+    assert json.loads(made)["command"] == "eto"
+    code, _, err = run(["quickstart", "--out", str(out)], capsys)
+    line = one_line_error(code, err)
+    assert "made by 'turnrl eto'" in line and "not by 'turnrl quickstart'" in line and "--out" in line
+    assert (out / "settings.json").read_text() == made and sorted(p.name for p in out.iterdir()) == ["settings.json"]
+    with pytest.raises(TurnRLError, match="made by 'turnrl eto'.*not by 'turnrl sppo'"):
+        check_settings(out, {"env": "tictactoe", "env_opts": {}, "loss": "dpo"}, command="sppo")
+    check_settings(out, {"env": "tictactoe", "env_opts": {}, "loss": "dpo"}, command="dmpo")  # one pipeline
+    check_settings(out, {"env": "tictactoe", "env_opts": {}, "loss": "dpo"})  # a library call keeps the record
+    assert json.loads((out / "settings.json").read_text())["command"] == "dmpo"
+    q = tmp_path / "q"  # a quickstart folder is refused by turnrl eto
+    check_settings(q, {"env": "tictactoe"}, command="quickstart")
+    code, _, err = run(["eto", f"out={q}"], capsys)
+    assert "made by 'turnrl quickstart'" in one_line_error(code, err)
+    old = tmp_path / "old"  # a folder made before commands were recorded: compared as before
+    old.mkdir()
+    (old / "settings.json").write_text(json.dumps({"env": "tictactoe"}))
+    check_settings(old, {"env": "tictactoe"}, command="quickstart")
+    with pytest.raises(TurnRLError, match=r"env: \"tictactoe\", now \"bandit\""):
+        check_settings(old, {"env": "bandit"}, command="quickstart")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable
+import types
+import typing
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -51,11 +53,46 @@ class Config(BaseModel):
     #: field name -> allowed values; a subclass extends its parent's (``{**Parent.value_ranges, ...}``)
     value_ranges: ClassVar[dict[str, Range]] = {}
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
+        """pydantic reads ``true`` as 1 for an int or float setting (``batch_size=true``, YAML's
+        ``lr: on``): a boolean given for a number is an error instead."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _bool_for_a_number(field.annotation, v):
+            raise ValueError("must be a number, not a boolean")
+        return v
+
     @field_validator("*")
     @classmethod
     def _in_range(cls, v: Any, info: ValidationInfo) -> Any:
         allowed = cls.value_ranges.get(info.field_name or "")
         return v if allowed is None or v is None else allowed.check(v)
+
+
+_NUMBERS = (int, float)
+
+
+def _bool_for_a_number(annotation: Any, value: Any) -> bool:
+    """True when ``value`` is (or holds, in a list, tuple or dict's values) a bool where
+    ``annotation`` takes a number and no bool (``int``, ``float | None``, ``list[int]``)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _bool_for_a_number(args[0], value)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [typing.get_origin(a) or a for a in args]
+        if isinstance(value, bool):
+            return any(m in _NUMBERS for m in members) and not any(m in (bool, Any, object) for m in members)
+        return any(_bool_for_a_number(a, value) for a in args if typing.get_origin(a) is not None)
+    if isinstance(value, bool):
+        return annotation in _NUMBERS
+    if isinstance(value, list | tuple) and origin in (list, tuple, Sequence) and args:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return any(_bool_for_a_number(a, x) for a, x in zip(args, value, strict=False))
+        return any(_bool_for_a_number(args[0], x) for x in value)
+    if isinstance(value, dict) and origin is dict and len(args) == 2:
+        return any(_bool_for_a_number(args[1], x) for x in value.values())
+    return False
 
 
 class _Loader(yaml.SafeLoader):
@@ -232,12 +269,15 @@ class _UniqueKeyLoader(_Loader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *anchor': its keys are merged below (a key set here overrides them)
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):
                 continue  # a list or mapping as a key: PyYAML's own error ("found unhashable key")
             if key in seen:
                 raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key)
+        self.flatten_mapping(node)  # merge keys ('<<: *anchor') become the anchored mapping's keys
         return super().construct_mapping(node, deep=deep)
 
 

@@ -97,7 +97,8 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     if not resume and out.is_dir() and any(out.iterdir()):  # every stage below would reuse what is there
         raise TurnRLError(f"{out}: holds an earlier run, and resume is off (--no-resume): choose another --out or "
                           "remove it, or resume it")
-    check_settings(out, {"env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__})  # --fast in a full run's out
+    # --fast in a full run's out; turnrl eto's out (its finished stages were made with other settings)
+    check_settings(out, {"env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__}, command="quickstart", what="--out")
     t0 = time.time()
 
     tiny = out / "tiny"

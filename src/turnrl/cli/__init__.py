@@ -122,8 +122,15 @@ def data_import_eto(
     default_reward: Annotated[float | None, typer.Option(help="Return for items without a reward.")] = None,
 ) -> None:
     """Convert ETO's {"id", "conversations"} data to turnrl trajectories."""
+    import math
+
     from turnrl.data.eto import convert_eto
 
+    if default_reward is not None and not math.isfinite(default_reward):
+        raise TurnRLError(f"--default-reward must be a finite number (got {default_reward})")
+    if out.resolve() == path.resolve():
+        raise TurnRLError(f"--out {out}: is the input file {path} (converting would replace the ETO data); "
+                          "choose another --out")
     n = convert_eto(path, out, env=env, default_reward=default_reward)
     console.print(f"wrote {n} trajectories to {out}")
 
@@ -338,6 +345,13 @@ def pairs(
         raise unknown("pairs mode", mode, modes)
     if losers not in ("clean", "noisy"):
         raise TurnRLError(f"--losers must be clean or noisy (got {losers!r})")
+    if scored:  # scored samples are every explored sample: the pair options would be ignored
+        given = [opt for opt, on in ((f"--mode {mode}", mode != "trajectory"),
+                                     (f"--truncate-k {truncate_k}", truncate_k is not None),
+                                     ("--expert", bool(expert)), ("--losers clean", losers == "clean")) if on]
+        if given:
+            raise TurnRLError(f"{given[0]}: builds pairs, and --scored writes SPPO scored samples of --explored "
+                              "instead (it would be ignored); drop one of them")
     if takeovers and mode != "takeover":
         raise TurnRLError(f"--takeovers is for --mode takeover (got --mode {mode})")
     if truncate_k is not None and mode not in ("trajectory", "mixed"):
@@ -394,7 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        app(args=argv, prog_name="turnrl", standalone_mode=False)
+        # non-standalone typer returns (not raises) the code of a typer.Exit, and turns Ctrl-C
+        # (KeyboardInterrupt) into Exit(130): a returned code is the process's exit status
+        code = app(args=argv, prog_name="turnrl", standalone_mode=False)
     except TurnRLError as e:
         _print_error(str(e))
         sys.exit(e.exit_code)
@@ -404,10 +420,9 @@ def main(argv: list[str] | None = None) -> None:
         _print_error(format_validation_error(BaseModel, e, "option"))
         sys.exit(2)
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        _exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        _exit(130)
     except Exception as e:  # click usage errors arrive here in non-standalone mode
         errors, aborts = _click_exceptions()
         if isinstance(e, errors):  # click's message in one line, with where to read the usage
@@ -415,9 +430,18 @@ def main(argv: list[str] | None = None) -> None:
             if message:  # empty for a group called without a command: its help was printed
                 _print_error(message + (f" (see '{ctx.command_path} --help')" if ctx is not None else ""))
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
-        if isinstance(e, aborts):
-            sys.exit(1)
+        if isinstance(e, aborts):  # older click turns Ctrl-C into Abort (from KeyboardInterrupt)
+            _exit(130 if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt) else 1)
         raise
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        _exit(code)
+
+
+def _exit(code: int | None) -> None:
+    """Exit with ``code``; 130 (Ctrl-C) says so in one line on stderr."""
+    if code == 130:
+        err_console.print("interrupted", highlight=False)
+    sys.exit(code)
 
 
 def _print_error(message: str) -> None:

@@ -56,6 +56,7 @@ def diagnose_bandit(
     from turnrl.config import parse_overrides
     from turnrl.diagnostics.bandit import DiagnoseConfig, diagnose
 
+    _check_policies(policy)
     cfg = DiagnoseConfig(
         env=env, env_opts=parse_overrides(env_opt, what="--env-opt"), instances=instances, split=split, seed=seed,
         runs=runs, num_envs=num_envs, temperature=temperature, max_new_tokens=max_new_tokens, aids=list(aid or []),
@@ -66,6 +67,22 @@ def diagnose_bandit(
     result = diagnose(policy, out, cfg, log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
     console.print(summary_table(result))
     console.print(f"wrote {out / 'diagnostics.json'} and {', '.join(result['plots'])}")
+
+
+def _check_policies(specs: list[str]) -> None:
+    """Every ``--policy`` before any work (a typo in the second would otherwise surface after the
+    first had run): a scripted spec is built, a model name checked for typos of the built-in
+    names (``thompsn``) and, when it is a local path, for a model folder."""
+    from turnrl.bandits.algorithms import is_algorithm_spec, make_algorithm
+    from turnrl.models.loading import TINY, check_model_name
+    from turnrl.rollout.policies import _check_not_a_typo
+
+    for spec in specs:
+        if is_algorithm_spec(spec):
+            make_algorithm(spec)
+        elif spec != TINY:
+            _check_not_a_typo(spec)
+            check_model_name(spec, "--policy")
 
 
 def summary_table(result: dict[str, Any]) -> Any:

@@ -17,10 +17,12 @@ def _run(loss: str | None, config: Path | None, overrides: list[str] | None) -> 
     from turnrl.config import load_config
     from turnrl.evaluation import results_table
     from turnrl.pipelines.eto import EtoConfig, run_pipeline
+    from turnrl.pipelines.iterative import made_by
 
     base = {"loss": loss} if loss else None
     cfg = load_config(EtoConfig, config, overrides, base=base)
-    summary = run_pipeline(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    with made_by(loss or "eto"):  # recorded in OUT/settings.json: another command's folder is refused
+        summary = run_pipeline(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     results = list(summary["start"]["results"])
     for it in summary["iterations"]:
         results += it["results"]
@@ -42,9 +44,11 @@ def compare(overrides: Overrides = None, config: ConfigOpt = None) -> None:
     """Base, SFT, Best-of-N, RFT, ETO (DPO) and DMPO over several seeds: compare.json, compare.md, plots."""
     from turnrl.config import load_config
     from turnrl.pipelines.compare import CompareConfig, run_compare
+    from turnrl.pipelines.iterative import made_by
 
     cfg = load_config(CompareConfig, config, overrides)
-    summary = run_compare(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    with made_by("compare"):
+        summary = run_compare(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     console.print(summary["table"])
     console.print(f"wrote {summary['out']}/compare.json, compare.md and plots")
 

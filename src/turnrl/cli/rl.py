@@ -62,13 +62,15 @@ def study_greedy_cmd(
     """The greedy-agents study: untrained, greedy-like SFT, UCB/minimax SFT, RLFT, RLFT + bonus."""
     from turnrl.errors import TurnRLError
     from turnrl.greedy_study import run_study
+    from turnrl.pipelines.iterative import made_by
 
     parts = part or ["bandit", "tictactoe"]
     for p in parts:
         if p not in ("bandit", "tictactoe"):
             raise TurnRLError(f"--part must be bandit or tictactoe (got {p!r})")
-    run_study(out, seeds=seeds, fast=fast, docs=docs, parts=parts, jobs=jobs, report_only=report_only,
-              design=design, log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+    with made_by("study greedy"):  # recorded in OUT/settings.json: another command's folder is refused
+        run_study(out, seeds=seeds, fast=fast, docs=docs, parts=parts, jobs=jobs, report_only=report_only,
+                  design=design, log=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
     console.print((out / "rlft-tables.md").read_text())
 
 

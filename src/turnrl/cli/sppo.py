@@ -19,10 +19,12 @@ def sppo(
 ) -> None:
     """Iterative SPPO: sample K trajectories a task, score them with a preference oracle, train, evaluate."""
     from turnrl.config import load_config
+    from turnrl.pipelines.iterative import made_by
     from turnrl.pipelines.sppo import SPPOConfig, run_sppo
 
     cfg = load_config(SPPOConfig, config, overrides)
-    summary = run_sppo(cfg, console=console)
+    with made_by("sppo"):  # recorded in OUT/settings.json: another command's folder is refused
+        summary = run_sppo(cfg, console=console)
     console.print(f"SPPO finished: {summary['out']}/summary.json")
 
 

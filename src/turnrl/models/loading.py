@@ -21,11 +21,22 @@ def turnrl_home() -> Path:
     return Path(os.environ.get("TURNRL_HOME", Path.home() / ".cache" / "turnrl"))
 
 
+def _looks_local(text: str, p: Path) -> bool:
+    """Whether ``text`` names a local path rather than a hub id: it starts with ``.``, ``/`` or
+    ``~``, exists, has more than one ``/``, or its first component exists here (``models/nope``
+    with a ``./models`` folder: a mistyped path, not the hub's ``models`` organisation; unless
+    the hub cache holds ``text``, an id that happens to share a local folder's name)."""
+    if text.startswith((".", "/", "~")) or p.exists() or os.sep in text and text.count("/") > 1:
+        return True
+    parts = Path(text).parts
+    return len(parts) > 1 and Path(parts[0]).exists() and _hub_snapshot(text) is None
+
+
 def _local_dir(text: str) -> Path | None:
-    """The model folder ``text`` names when it looks like a path (starts with ``.``, ``/`` or
-    ``~``, or exists), checked to hold a ``config.json``; None for a hub id."""
+    """The model folder ``text`` names when it looks like a path (:func:`_looks_local`), checked
+    to hold a ``config.json``; None for a hub id."""
     p = Path(text).expanduser()
-    if not (text.startswith((".", "/", "~")) or p.exists() or os.sep in text and text.count("/") > 1):
+    if not _looks_local(text, p):
         return None
     if p.exists() and not p.is_dir():
         raise TurnRLError(f"{text}: is a file, not a model folder")
@@ -104,7 +115,8 @@ def check_model_name(name: str | Path, key: str = "model") -> None:
 def resolve_model_path(name: str | Path) -> str:
     """A local directory, ``tiny`` (built on demand), or a hub id (validated by loading).
 
-    A value that looks like a path (starts with ``.``, ``/`` or ``~``, or exists) must be a
+    A value that looks like a path (starts with ``.``, ``/`` or ``~``, exists, or its first
+    component exists: ``models/nope`` where ``./models`` is a folder) must be a
     directory holding a ``config.json``; anything else is passed to transformers as a hub id.
     """
     text = str(name)

@@ -19,7 +19,8 @@ A marker does not record the settings its stage ran with, so a pipeline first ca
 :func:`check_settings`: ``OUT/settings.json`` keeps the settings ``OUT`` was made with, and a
 later run with other settings is refused (a finished stage would otherwise be reused as if it
 had run with the new ones), except for the settings named free (e.g. ``iterations``: more
-iterations add stages and change none).
+iterations add stages and change none). It also records the command that made ``OUT``
+(``"command"``): another command's folder (``turnrl eto``'s given to ``turnrl quickstart``) is refused.
 
 Example::
 
@@ -31,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import time
@@ -39,16 +41,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnrl.errors import TurnRLError
+from turnrl.errors import TurnRLError, check_output
 from turnrl.train.core import atomic_write_json
 
 StageFn = Callable[[Path], Any]
 """A stage: receives its output path, writes it, returns a JSON-able result (or None)."""
 
-__all__ = ["Stage", "StageFn", "check_settings", "is_done", "iter_dir", "mark_done", "marker_path", "read_done",
-           "run_stage"]
+__all__ = ["Stage", "StageFn", "check_settings", "is_done", "iter_dir", "made_by", "mark_done", "marker_path",
+           "read_done", "run_stage"]
 
 SETTINGS_FILE = "settings.json"
+#: The key of ``settings.json`` naming the command that made the folder (:func:`check_settings`).
+COMMAND_KEY = "command"
+#: Commands that run one pipeline and may resume each other's folders (``turnrl dmpo`` is
+#: ``turnrl eto loss=dmpo``): compared as the command they map to.
+SAME_PIPELINE = {"dmpo": "eto"}
+
+_command: contextvars.ContextVar[str | None] = contextvars.ContextVar("turnrl_command", default=None)
+
+
+@contextlib.contextmanager
+def made_by(command: str) -> Iterator[None]:
+    """Within it, :func:`check_settings` records (and checks) ``command`` as the command that makes
+    a pipeline's folder, unless it is given one: the command line wraps each pipeline command in it."""
+    token = _command.set(command)
+    try:
+        yield
+    finally:
+        _command.reset(token)
 
 
 def marker_path(output: str | Path) -> Path:
@@ -96,7 +116,8 @@ def _get(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
-def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str, ...] = ()) -> None:
+def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str, ...] = (),
+                   command: str | None = None, what: str = "out") -> None:
     """Refuse to resume ``out`` with settings other than those it was made with.
 
     ``OUT/settings.json`` holds the settings of the run that made ``out`` (written by the first
@@ -104,15 +125,29 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     (``"iterations"``, ``"seeds"``): the first differing keys are named in a one-line error.
     A key only one side knows (a setting added or removed by another turnrl version) is not
     compared; a setting that is a value on one side and a section on the other is (``lora: null``
-    then ``lora: {r: 8}``). A folder made before settings were recorded is taken as made with these."""
+    then ``lora: {r: 8}``). A folder made before settings were recorded is taken as made with these.
+
+    ``command`` (default: the one :func:`made_by` set, if any) is recorded as settings.json's
+    ``"command"``: a folder another command made (``turnrl eto``'s in ``turnrl quickstart``) is
+    refused, whatever the settings; a folder whose settings.json names none is compared as above.
+    ``out`` must be a folder or a path that can become one (``what`` names it in the error)."""
+    check_output(out, what, directory=True)  # a file, or a path under one: one line, not a traceback
     path = Path(out) / SETTINGS_FILE
     now = json.loads(json.dumps(settings, default=str))
+    command = command if command is not None else _command.get()
     if path.is_file():
         try:
             before = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise TurnRLError(f"{path}: unreadable ({e}); remove it to accept this run's settings") from None
-        before = before if isinstance(before, dict) else {}
+        before = dict(before) if isinstance(before, dict) else {}
+        made = before.pop(COMMAND_KEY, None)
+        if isinstance(made, str) and command is not None and \
+                SAME_PIPELINE.get(made, made) != SAME_PIPELINE.get(command, command):
+            raise TurnRLError(f"{what} {out}: made by 'turnrl {made}' ({path}), not by 'turnrl {command}': its "
+                              f"finished stages are another command's; choose another {what} or remove it")
+        if command is None and isinstance(made, str):
+            command = made  # a library call resuming a command's folder keeps its record
         old, new = _flat(before), _flat(now)
         changed = {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
         # a setting that is a value on one side and a section on the other (``lora: null`` then
@@ -129,9 +164,9 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
             shown = "; ".join(f"{k}: {json.dumps(changed[k][0])}, now {json.dumps(changed[k][1])}" for k in diff[:3])
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
             raise TurnRLError(f"{out}: made with other settings ({shown}{more}): its finished stages would be reused "
-                              "as if run with these; choose another out or remove it")
+                              f"as if run with these; choose another {what} or remove it")
     Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, now)
+    atomic_write_json(path, {**now, COMMAND_KEY: command} if command is not None else now)
 
 
 def iter_dir(out: str | Path, i: int) -> Path:

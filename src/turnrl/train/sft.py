@@ -49,7 +49,7 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
     """turnrl JSONL, or ETO's format (a JSON list or JSONL of ``conversations``)."""
     p = Path(path)
     if not p.is_file():
-        raise TurnRLError(f"{p}: no such file")
+        raise TurnRLError(f"{p}: {'is a directory, not a trajectory file' if p.is_dir() else 'no such file'}")
     with p.open(errors="replace") as f:  # a sniff: read_trajectories names a file that is not UTF-8
         head = f.read(4096).lstrip()
     if head.startswith("[") or '"conversations"' in head.split("\n", 1)[0]:
