@@ -413,3 +413,7 @@ def test_sft_data_that_is_a_folder_says_so(tmp_path: Path) -> None:
         load_trajectories(tmp_path / "data")
     with pytest.raises(TurnRLError, match=r"x\.jsonl: no such file$"):
         load_trajectories(tmp_path / "x.jsonl")
+    from turnrl.train.preference import PreferenceConfig, load_units
+
+    with pytest.raises(TurnRLError, match=r"data: is a directory, not a pairs file$"):
+        load_units(tmp_path / "data", None, PreferenceConfig())  # type: ignore[arg-type]

@@ -481,6 +481,30 @@ def test_model_fingerprint_reads_past_the_first_bytes_of_a_weight_file(tmp_path:
     assert model_fingerprint(tmp_path / "a") == model_fingerprint(tmp_path / "a")
 
 
+def test_model_fingerprint_counts_every_tensor_and_the_chat_template(tiny_dir: Path, tmp_path: Path) -> None:
+    """Every tensor of a safetensors file is sampled (the tiny model's layer norms lay outside the 64
+    samples of its 8 MB file), and every small file is read whole, the chat template included."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from turnrl.models.loading import model_fingerprint
+
+    base = model_fingerprint(tiny_dir)
+    norm, template = tmp_path / "norm", tmp_path / "template"
+    for d in (norm, template):
+        shutil.copytree(tiny_dir, d)
+    tensors = load_file(str(norm / "model.safetensors"))
+    name = sorted(k for k in tensors if k.endswith("input_layernorm.weight"))[-1]
+    tensors[name][0] += 1.0
+    save_file(tensors, str(norm / "model.safetensors"), metadata={"format": "pt"})
+    text = (template / "chat_template.jinja").read_text()
+    assert "assistant" in text
+    (template / "chat_template.jinja").write_text(text.replace("assistant", "ASSISTANT"))  # the same size
+    assert len({base, model_fingerprint(norm), model_fingerprint(template)}) == 3
+    assert model_fingerprint(tiny_dir) == base
+
+
 @pytest.mark.parametrize(("meta", "message"), [
     ({"win_rate": None}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got None\)"),
     ({"win_rate": "high"}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got 'high'\)"),

@@ -70,13 +70,17 @@ def name_fingerprint(name: str | Path) -> str:
 
 
 def model_fingerprint(path: str | Path) -> str:
-    """A cheap fingerprint of a model directory: file names and sizes, small files whole, and of
-    each weight file 64 KiB at each of 64 places spread from its start to its end (hashing a 7B
-    checkpoint whole would take longer than the precomputation). A file's first bytes alone would
-    not do: safetensors sorts tensors by name, so they hold the embeddings, which a LoRA
-    fine-tune leaves as they were. A hub id is fingerprinted by the snapshot of it in the hub cache
-    (the revision ``main`` points at), so an update under the same id is another model; an id not
-    in the cache by its name alone."""
+    """A cheap fingerprint of a model directory: file names and sizes, every file of up to 4 MiB
+    whole (configs, tokenizer files, ``chat_template.jinja``), and of each larger file 64 KiB at
+    each of 64 places spread from its start to its end, plus, in a safetensors file, the first
+    and last 256 bytes of every tensor, so that every tensor counts (hashing a 7B checkpoint whole
+    would take longer than the precomputation). A file's first bytes alone would not do:
+    safetensors sorts tensors by name, so they hold the embeddings, which a LoRA fine-tune leaves
+    as they were. A hub id is fingerprinted by the snapshot of it in the hub cache (the revision
+    ``main`` points at), so an update under the same id is another model; an id not in the cache
+    by its name alone. (Before 29 Nov 2026 files of other suffixes than weights, JSON and text,
+    such as a chat template, counted by name and size alone, and a large weight file by its 64
+    samples alone.)"""
     p = Path(path)
     if not p.is_dir():
         snapshot = _hub_snapshot(str(path))
@@ -90,8 +94,6 @@ def model_fingerprint(path: str | Path) -> str:
             continue
         size = f.stat().st_size
         h.update(f"{f.relative_to(p)}:{size}".encode())
-        if f.suffix not in {".safetensors", ".bin", ".json", ".model", ".pt", ".txt"}:
-            continue
         with f.open("rb") as fh:
             if size <= span:
                 h.update(fh.read())
@@ -99,7 +101,35 @@ def model_fingerprint(path: str | Path) -> str:
             for k in range(_FINGERPRINT_CHUNKS):
                 fh.seek((size - _FINGERPRINT_BYTES) * k // (_FINGERPRINT_CHUNKS - 1))
                 h.update(fh.read(_FINGERPRINT_BYTES))
+            if f.suffix == ".safetensors":
+                for sample in _tensor_samples(fh, size):
+                    h.update(sample)
     return h.hexdigest()[:16]
+
+
+def _tensor_samples(fh: Any, size: int, n: int = 256) -> list[bytes]:
+    """The first and last ``n`` bytes of every tensor of an open safetensors file (its header: an
+    8-byte length, then JSON with each tensor's ``data_offsets``); none for a file that is not one."""
+    import json
+
+    fh.seek(0)
+    length = int.from_bytes(fh.read(8), "little")
+    if not 0 < length <= size - 8:
+        return []
+    try:
+        header = json.loads(fh.read(length))
+    except ValueError:
+        return []
+    out = []
+    for name in sorted(k for k in header if k != "__metadata__"):
+        offsets = header[name].get("data_offsets") if isinstance(header[name], dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            continue
+        start, end = 8 + length + int(offsets[0]), 8 + length + int(offsets[1])
+        for at in (start, max(start, end - n)):
+            fh.seek(at)
+            out.append(fh.read(min(n, end - at)))
+    return out
 
 
 def check_model_name(name: str | Path, key: str = "model") -> None:

@@ -180,7 +180,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
     """Read pairs (or SPPO scored samples) and tokenize them into units."""
     p = Path(path)
     if not p.is_file():
-        raise TurnRLError(f"{p}: no such file")
+        raise TurnRLError(f"{p}: {'is a directory, not a pairs file' if p.is_dir() else 'no such file'}")
     stats = {"records": 0, "skipped_too_long": 0, "dropped_turns": 0}
     units: list[Unit] = []
     if cfg.loss == "sppo":
