@@ -453,6 +453,45 @@ def test_eto_import_single_exploration_output(tmp_path: Path) -> None:
     )
     (t,) = import_eto(path, env="alfworld")
     assert t.task_id == "42" and t.return_ == 1.0 and t.success
+    path.write_text(json.dumps({"meta": {"reward": True}, "conversations": ETO_ITEMS[1]["conversations"]}))
+    (t,) = import_eto(path, env="alfworld")  # the same object on one line
+    assert t.task_id == "42" and t.success
+
+
+def test_eto_import_keeps_a_null_reward_missing_and_refuses_overflowing_numbers(tmp_path: Path) -> None:
+    """ETO writes meta.reward null for an episode that errored: it is no success even with a
+    default_reward (which is for items without a reward key); 1e400 is refused where it is read."""
+    path = tmp_path / "7.json"
+    path.write_text(json.dumps({"meta": {"reward": None}, "conversations": ETO_ITEMS[1]["conversations"]}))
+    (t,) = import_eto(path, env="alfworld", default_reward=1.0)
+    assert t.return_ == 0.0 and not t.success and t.meta["reward_missing"]
+    path.write_text('{"meta": {"reward": 1e400}, "conversations": []}')
+    with pytest.raises(TurnRLError, match=r"7\.json: invalid JSON: 1e400 is too large for a float"):
+        import_eto(path, env="alfworld")
+
+
+def test_a_number_too_large_and_a_line_of_control_characters_are_invalid_json(tmp_path: Path) -> None:
+    for line, message in (('{"meta": {"score": 1e400}}', "1e400 is too large for a float"),
+                          ("\x1c\x1d", "invalid JSON"), ("\u3000", "invalid JSON")):
+        path = write_lines(tmp_path / "x.jsonl", [json.dumps(good()), line])
+        with pytest.raises(TurnRLError, match=rf"x\.jsonl:2: .*{message}"):
+            read_trajectories(path)
+
+
+def test_a_second_writer_of_a_file_is_refused_before_it_touches_it(tmp_path: Path) -> None:
+    """Repairing the tail under a running writer cut its finished records: a second writer (here in
+    the same process; another process alike) is refused, one line, and the first writes on."""
+    path = tmp_path / "x.jsonl"
+    with JsonlWriter(path) as first:
+        first.write(good())
+        for append in (True, False):  # appending would repair the tail; starting afresh, truncate it
+            with pytest.raises(TurnRLError, match=r"x\.jsonl: another writer has it open"):
+                JsonlWriter(path, append=append).open()
+        first.write(good())
+    assert len(read_trajectories(path)) == 2
+    with JsonlWriter(path) as again:  # the first closed: the next writer appends
+        again.write(good())
+    assert len(read_trajectories(path)) == 3
 
 
 def test_parse_action() -> None:

@@ -27,9 +27,10 @@ trajectory's ``return``; ``true``/``false`` read as 1/0 (ALFWorld). ``success`` 
 ``reward >= 1``: ETO's environments score a full success as 1 (WebShop's reward is in
 [0, 1] with 1 only for a perfect purchase; ScienceWorld's score is rescaled to [0, 1];
 ALFWorld's is 0 or 1). Per-step rewards are unknown, so ``rewards`` is empty. Items without
-a reward get ``default_reward`` (None: return 0, not a success); ETO's expert files carry
+a reward key get ``default_reward`` (None: return 0, not a success); ETO's expert files carry
 none for ScienceWorld and ALFWorld, where every expert trajectory succeeds, so pass
-``default_reward=1.0`` for those. ``task_id`` is the ``id`` as a string; every other key
+``default_reward=1.0`` for those. A reward given as null (ETO writes ``meta.reward: null``
+for an episode that errored) stays missing: return 0, not a success, ``meta.reward_missing``. ``task_id`` is the ``id`` as a string; every other key
 of the item goes to ``meta``, together with ``meta["eto_index"]`` (the item's position).
 """
 
@@ -40,7 +41,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from turnrl.data.io import PathLike, is_finite_number, iter_jsonl, reject_non_finite, write_jsonl
+from turnrl.data.io import (
+    PathLike,
+    finite_float,
+    is_finite_number,
+    iter_jsonl,
+    reject_non_finite,
+    write_jsonl,
+)
 from turnrl.data.schema import SOURCES, Message, Role, Trajectory
 from turnrl.errors import TurnRLError
 
@@ -58,6 +66,11 @@ def parse_action(text: str) -> str | None:
 def _show(value: Any) -> str:
     text = " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _names_reward(item: dict[str, Any]) -> bool:
+    """Whether the item has a reward key (``reward`` or ``meta.reward``), null or not."""
+    return "reward" in item or (isinstance(item.get("meta"), dict) and "reward" in item["meta"])
 
 
 def _reward(item: dict[str, Any], where: str) -> float | None:
@@ -122,7 +135,7 @@ def eto_item_to_trajectory(
                           "has nothing to train on")
 
     reward = _reward(item, where)
-    if reward is None:
+    if reward is None and not _names_reward(item):  # an explicit null (ETO: the episode failed) stays missing
         reward = default_reward
     meta = {k: v for k, v in item.items() if k not in ("id", "conversations", "reward")}
     meta["eto_index"] = index
@@ -150,9 +163,9 @@ def _iter_items(path: Path) -> Iterator[tuple[str, Any]]:
         raise TurnRLError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise TurnRLError(f"{path}: is a directory, not an ETO file") from None
-    if head.startswith(b"{") and not _first_line_is_json(path):
-        # One pretty-printed object, as ETO writes an exploration output (one file a task,
-        # named by the task id and without an "id" key): one item, id from the file name.
+    if head.startswith(b"{") and (not _first_line_is_json(path) or _one_line(path)):
+        # One object, pretty-printed or on one line, as ETO writes an exploration output (one
+        # file a task, named by the task id and without an "id" key): one item, id from the file name.
         item = _load_json(path)
         if isinstance(item, dict):
             item.setdefault("id", path.stem)
@@ -165,6 +178,12 @@ def _iter_items(path: Path) -> Iterator[tuple[str, Any]]:
     data = _load_json(path)
     for n, item in enumerate(data):
         yield f"{path}: item {n}", item
+
+
+def _one_line(path: Path) -> bool:
+    """Whether the file holds one non-blank line."""
+    with open(path, "rb") as f:
+        return sum(1 for raw in f if raw.strip(b" \t\r\n\xef\xbb\xbf")) == 1
 
 
 def _first_line_is_json(path: Path) -> bool:
@@ -182,7 +201,8 @@ def _first_line_is_json(path: Path) -> bool:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=reject_non_finite)
+        return json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=reject_non_finite,
+                          parse_float=finite_float)
     except UnicodeDecodeError:
         raise TurnRLError(f"{path}: invalid JSON: not UTF-8 text") from None
     except json.JSONDecodeError as e:

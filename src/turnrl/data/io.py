@@ -339,10 +339,10 @@ def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise TurnRLError(f"{where}: invalid JSON: not UTF-8 text (byte {e.start + 1})") from None
-            if not text.strip():
+            if not text.strip(" \t\r\n"):  # str.strip() would also take control and Unicode spaces
                 continue
             try:
-                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite)
+                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite, parse_float=finite_float)
             except json.JSONDecodeError as e:
                 hint = (
                     ""
@@ -407,6 +407,15 @@ def _record_dict(record: Any) -> dict[str, Any]:
     return dict(d)
 
 
+def finite_float(text: str) -> float:
+    """``json.loads(..., parse_float=finite_float)``: a literal too large for a float (``1e400``)
+    is refused where it is read, as ``NaN`` is (:func:`reject_non_finite`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a float")
+    return value
+
+
 def reject_non_finite(name: str) -> Any:
     """``json.loads(..., parse_constant=reject_non_finite)``: Python's reader takes ``NaN`` and
     ``Infinity``, which are not JSON and which no turnrl writer can write back; refuse them where
@@ -427,6 +436,20 @@ def _is_complete_line(data: bytes) -> bool:
         return isinstance(json.loads(data.decode("utf-8")), dict)
     except (UnicodeDecodeError, ValueError):
         return False
+
+
+def _lock(f: IO[bytes], path: Path) -> None:
+    """An exclusive, non-blocking ``flock`` on ``f`` (released when it closes); a one-line error
+    when another writer holds it. Without ``fcntl`` (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TurnRLError(f"{path}: another writer has it open (a run still going?); wait for it to end "
+                          "or write elsewhere") from None
 
 
 def _repair_tail(path: Path, durable: bool) -> int:
@@ -480,6 +503,11 @@ class JsonlWriter:
     When appending to a file whose last line is incomplete (the previous writer died
     mid-write), that partial line is removed first and :attr:`dropped_bytes` says how many
     bytes went; a complete last line that only lacks its newline is kept.
+
+    A writer holds an exclusive lock on the file (``flock``, where the OS has it) from
+    :meth:`open` to :meth:`close`: a second writer of the same file, in this process or
+    another, is refused with a one-line :class:`~turnrl.errors.TurnRLError` before it repairs
+    or truncates anything (repairing under a running writer would cut its finished records).
     """
 
     def __init__(self, path: PathLike, *, append: bool = True, durable: bool = False):
@@ -497,15 +525,24 @@ class JsonlWriter:
         if self._file is not None:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.append and self.path.exists():
-            self.dropped_bytes = _repair_tail(self.path, self.durable)
-            if self.dropped_bytes:
-                log.warning(
-                    "%s: dropped an incomplete last line (%d bytes) left by an interrupted write",
-                    self.path,
-                    self.dropped_bytes,
-                )
-        self._file = open(self.path, "ab" if self.append else "wb")
+        existed = self.path.exists()
+        f = open(self.path, "ab")  # truncated below, under the lock, when not appending
+        try:
+            _lock(f, self.path)
+            if not self.append:
+                f.truncate(0)
+            elif existed:
+                self.dropped_bytes = _repair_tail(self.path, self.durable)
+                if self.dropped_bytes:
+                    log.warning(
+                        "%s: dropped an incomplete last line (%d bytes) left by an interrupted write",
+                        self.path,
+                        self.dropped_bytes,
+                    )
+        except BaseException:
+            f.close()
+            raise
+        self._file = f
         return self
 
     def write(self, record: Any) -> None:
