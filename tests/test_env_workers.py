@@ -52,8 +52,8 @@ class SlowCounter(envs.TextEnv):
     name = "slow_counter"
     max_turns = 5
 
-    def __init__(self, delay: float = 0.05, crash_at: int = -1) -> None:
-        self.delay, self.crash_at = delay, crash_at
+    def __init__(self, delay: float = 0.05, crash_at: int = -1, crash_expert_at: int = -1) -> None:
+        self.delay, self.crash_at, self.crash_expert_at = delay, crash_at, crash_expert_at
         self.n, self.task = 0, "c0"
 
     @property
@@ -80,6 +80,8 @@ class SlowCounter(envs.TextEnv):
         return f"at {self.n}", float(done), done, False, info
 
     def expert(self, rng: random.Random) -> envs.ExpertStep:
+        if self.n == self.crash_expert_at:
+            os._exit(4)
         rng.random()
         return envs.ExpertStep("+1", "One more.")
 
@@ -151,6 +153,25 @@ def test_a_dead_worker_fails_its_episode_and_the_collection_goes_on(tmp_path: Pa
     failed = [t for t in trajs if not t.success]
     assert [t.task_id for t in failed] == [specs[2].task_id]
     assert failed[0].meta["outcome"] == "env_error" and "worker process died" in failed[0].meta["final_observation"]
+
+
+@pytest.mark.parametrize("mode", ["random", "error", "end"])
+def test_a_worker_that_dies_in_expert_ends_the_episode_as_an_env_error(mode: str) -> None:
+    """The expert's move after a crash must reach the env, whose step ends the episode as an
+    env_error: a made-up move counted as the agent's invalid one (a penalty; under ``error`` a
+    loop of penalties up to max_turns)."""
+    from turnrl.agent.prompting import PromptConfig
+
+    sampler = Sampler(lambda: ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0, "crash_expert_at": 1},
+                                         timeout=20, start_method="fork"),
+                      ExpertPolicy(), env_name="slow_counter", num_envs=1,
+                      prompt=PromptConfig(invalid_action=mode, invalid_penalty=-1.0))  # type: ignore[arg-type]
+    try:
+        (t,) = sampler.run(plan_episodes(SlowCounter(), "seen", 1))
+    finally:
+        sampler.close()
+    assert t.meta["outcome"] == "env_error" and t.truncated and t.num_turns == 2
+    assert t.rewards == [0.0, 0.0] and all(m.valid is not False for m in t.messages if m.role == "assistant")
 
 
 def test_a_hung_worker_times_out() -> None:

@@ -395,9 +395,9 @@ def test_a_missing_model_path_under_an_existing_folder_fails_at_once(tmp_path: P
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
-    with pytest.raises(TurnRLError, match=r"^model path not found: models/nope$"):
+    with pytest.raises(TurnRLError, match=r"^model path not found: models/nope \(read as a local path because \./models exists; for the hub id, download it first"):
         resolve_model_path("models/nope")
-    with pytest.raises(TurnRLError, match=r"^model: model path not found: models/nope$"):
+    with pytest.raises(TurnRLError, match=r"^model: model path not found: models/nope \(read as a local path"):
         check_model_name("models/nope")
     with pytest.raises(TurnRLError, match=r"model: model path not found: models/nope"):
         EtoConfig(model="models/nope").check()  # before any pipeline work

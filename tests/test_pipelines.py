@@ -873,7 +873,6 @@ def test_takeover_pairs_take_the_latest_turn_the_expert_does_better_from(tmp_pat
 def test_takeover_pairs_fall_back_on_the_expert_game_of_the_same_task_and_seed(tmp_path: Path) -> None:
     """A task the plan plays twice (two env seeds) has two expert games; each explored game falls back
     on the one of its own seed, so every lost game the expert's own game beats is paired."""
-    from dataclasses import replace
 
     from turnrl.collect import run_policy
     from turnrl.data.pairs import takeover_pairs
@@ -893,21 +892,21 @@ def test_takeover_pairs_fall_back_on_the_expert_game_of_the_same_task_and_seed(t
     assert len(beaten) > len(once) // 2 and len(pairs) == len(beaten) and "no_expert" not in stats
     assert all(p.chosen is expert_of[(p.rejected.task_id, p.rejected.meta["seed"])] for p in pairs)
     stats = {}
-    # the second seed's expert games missing: each task has one expert game, the one its games fall back on
+    # the second seed's expert games missing: its games fall back on the task's other expert game
     pairs = takeover_pairs(experts[: len(once)], explored, [], stats=stats)
     assert "no_expert" not in stats and {p.chosen.meta["seed"] for p in pairs} <= {s.seed for s in once}
     stats = {}
-    takeover_pairs(experts[len(once):] + [replace(e, meta={**e.meta, "seed": -1}) for e in experts[len(once):]],
-                   explored[: len(once)], [], stats=stats)  # two expert games a task, neither of the game's seed
-    assert stats["no_expert"] == len(once)
+    takeover_pairs(experts[1:len(once)], explored[: len(once)], [], stats=stats)  # no expert game of task 0
+    assert stats["no_expert"] == 1
 
 
-def test_pairs_and_sample_groups_are_per_game_when_the_plan_repeats_tasks(tmp_path: Path) -> None:
-    """A plan with more episodes than the split has tasks plays a task again with another env seed:
-    another game. Trajectory and step pairs compare an explored game with the expert game of its own
-    seed, and SPPO's win rates and self-play pairs are taken within the K samples of one game. On
-    twenty questions (54 train tasks, 49 of which play differently with another seed) an agent that
-    replays the expert's own games must give no pair at all."""
+def test_expert_games_are_matched_by_seed_and_sample_groups_by_task(tmp_path: Path) -> None:
+    """A plan with more episodes than the split has tasks plays a task again with another env seed,
+    which draws other random moves of the sampler (the expert's tie-breaks here). Trajectory and step
+    pairs compare an explored game with the expert game of its own seed (else the task's last): on
+    twenty questions (54 train tasks, 49 of which the expert plays differently with another seed) an
+    agent that replays the expert's own games gives no pair at all. SPPO's win rates and self-play
+    pairs group every sample of a task, whatever its seed (as `turnrl collect` gives each its own)."""
     from collections import Counter
 
     from turnrl.data.pairs import self_play_pairs, step_pairs, trajectory_pairs
@@ -928,16 +927,16 @@ def test_pairs_and_sample_groups_are_per_game_when_the_plan_repeats_tasks(tmp_pa
     stats = {}
     assert step_pairs(experts, steps, stats=stats) == [] and "prefix_mismatch" not in stats
 
-    # two samples of every game, the expert's and a random agent's, as SPPO's K = 2
+    # every sample of a task is one group: here the task's expert games (2 or 3 seeds) and random games
     randoms = _play(RandomPolicy(), cfg, specs, tmp_path / "random.jsonl")
-    scored = {(t.game, t.source): t.meta for t in score_samples(experts + randoms, EnvRewardOracle(1.0))}
-    for e, r in zip(experts, randoms, strict=True):  # P(e > e) = 1/2 and P(e > r) = sigmoid(r_e - r_r)
-        assert scored[(e.game, "expert")]["group_size"] == 2
-        assert scored[(e.game, "expert")]["win_rate"] == pytest.approx((0.5 + 1 / (1 + math.exp(r.return_ - e.return_))) / 2)
+    scored = score_samples(experts + randoms, EnvRewardOracle(1.0))
+    for t in scored:
+        group = [u for u in experts + randoms if u.task_id == t.task_id]
+        assert t.meta["group_size"] == len(group) == 2 * by_task[t.task_id]
+        want = sum(0.5 if u.return_ == t.return_ else 1 / (1 + math.exp(u.return_ - t.return_)) for u in group)
+        assert t.meta["win_rate"] == pytest.approx(want / len(group))
     pairs = self_play_pairs(experts + randoms)
-    differ = sum(e.return_ != r.return_ for e, r in zip(experts, randoms, strict=True))
-    assert len(pairs) == differ > len(by_task)  # one pair a game, not one a task
-    assert all(p.chosen.game == p.rejected.game and p.chosen.return_ > p.rejected.return_ for p in pairs)
+    assert len(pairs) == len(by_task) and all(p.chosen.task_id == p.rejected.task_id for p in pairs)
 
 
 def test_episode_spec_replays_expert_turns_or_replies_not_both() -> None:
@@ -1037,6 +1036,9 @@ def test_self_play_rft_init_base_retrains_the_base_model(tmp_path: Path, monkeyp
     cfg = eto.EtoConfig(base="the-base", self_play=True, rft_init="base", expert_episodes=4, iterations=1).check()
     summary = eto.run_pipeline(cfg, tmp_path / "run", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
     assert bases == ["the-base"] and summary["final_model"] == "rft-model"
+    given = cfg.model_copy(update={"model": "the-start"})  # a given start model is the base (as in compare)
+    eto.run_pipeline(given, tmp_path / "given", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
+    assert bases[-1] == "the-start" and not (tmp_path / "given" / "tiny").exists()
 
 
 def test_compare_base_row_is_one_evaluation_when_greedy_and_one_a_seed_when_sampled(

@@ -426,6 +426,37 @@ def test_collection_refuses_to_resume_episodes_played_under_other_invalid_reply_
     assert len(out.read_text().splitlines()) == 2
 
 
+def test_collection_refuses_to_resume_an_episode_of_another_expert_prefix(tmp_path) -> None:
+    """An episode planned with another expert prefix (or replay) is another episode, though its id,
+    task and seed are the same: a resume refuses it instead of reusing it."""
+    from turnrl.errors import TurnRLError
+    from turnrl.rollout.sampler import EpisodeSpec
+
+    out = tmp_path / "p.jsonl"
+    spec = EpisodeSpec(0, "train", "ttt-s0", 7, expert_turns=2)
+    run_policy(RandomPolicy(), "tictactoe", specs=[spec], out=out)
+    assert len(run_policy(RandomPolicy(), "tictactoe", specs=[spec], out=out)) == 1  # the same plan: resumed
+    with pytest.raises(TurnRLError, match="was played with other settings"):
+        run_policy(RandomPolicy(), "tictactoe", specs=[EpisodeSpec(0, "train", "ttt-s0", 7, expert_turns=1)], out=out)
+
+
+def test_collection_resumes_episodes_that_record_the_earlier_form_of_the_fingerprint(tmp_path) -> None:
+    """Episodes written before 29 Nov 2026 record the fingerprint's earlier form: a resume by the same
+    weights accepts them (the form changed, the weights did not)."""
+    import json as _json
+
+    from turnrl.rollout import load_policy
+
+    policy = load_policy("tiny", sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert policy.legacy_fingerprint and policy.legacy_fingerprint != policy.fingerprint
+    out = tmp_path / "m.jsonl"
+    run_policy(policy, "tictactoe", episodes=1, out=out)
+    record = _json.loads(out.read_text())
+    record["meta"]["model_fingerprint"] = policy.legacy_fingerprint
+    out.write_text(_json.dumps(record) + "\n")
+    assert len(run_policy(policy, "tictactoe", episodes=2, out=out)) == 2
+
+
 def test_collection_refuses_to_resume_episodes_of_other_weights(tmp_path, tiny_model, tiny_tokenizer) -> None:
     """A model retrained into the same folder is another policy: its episodes record the weights'
     fingerprint, and a resume by a model of another fingerprint is refused."""

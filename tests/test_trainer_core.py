@@ -490,8 +490,13 @@ def test_dropout_setting_is_hashed_only_for_a_model_that_drops_out(tmp_path: Pat
     def trainer(out: str, dropout: float, keep: bool) -> Trainer:
         return Trainer(build_model(0, dropout), base_cfg(dropout=keep), tmp_path / out, make_data(8), NLL())
 
+    from turnrl.train.core import config_hash
+
     assert trainer("a", 0.0, True).config_hash == trainer("b", 0.0, False).config_hash
     assert trainer("c", 0.2, True).config_hash != trainer("d", 0.2, False).config_hash
+    # kept on (every run before the setting existed): the hash is the one made without the setting
+    before = config_hash(base_cfg(dropout=True), None, {"examples": 8}, exempt=frozenset({"dropout"}))
+    assert trainer("g", 0.2, True).config_hash == before
     kept, dropped = trainer("e", 0.2, True), trainer("f", 0.2, False)
     assert len(dropout_modules(kept.unwrapped_model)) == 2 and dropout_modules(dropped.unwrapped_model) == []
     x = torch.tensor([make_data(1)[0]])

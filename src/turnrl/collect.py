@@ -205,12 +205,15 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
             raise TurnRLError(f"{out}: holds episodes played with other invalid-reply rules ({json.dumps(theirs_rules)}; "
                               f"this run: {json.dumps(rules)}); choose another --out or remove it")
         theirs_fp = t.meta.get("model_fingerprint")
-        if fingerprint is not None and theirs_fp is not None and theirs_fp != fingerprint:
+        if (fingerprint is not None and theirs_fp is not None
+                and theirs_fp not in (fingerprint, getattr(policy, "legacy_fingerprint", None))):
             raise TurnRLError(f"{out}: holds episodes of other weights at '{policy_name}' (model fingerprint "
                               f"{theirs_fp}; this model: {fingerprint}); choose another --out or remove it")
         spec = planned.get(t.id)
         if spec is not None and (t.split != spec.split or t.task_id != spec.task_id
-                                 or t.meta.get("seed", spec.seed) != spec.seed):
+                                 or t.meta.get("seed", spec.seed) != spec.seed
+                                 or int(t.meta.get("expert_turns", 0) or 0) != spec.expert_turns
+                                 or int(t.meta.get("replayed_turns", 0) or 0) != len(spec.replay or ())):
             raise TurnRLError(f"{out}: episode {t.id} was played with other settings (task '{t.task_id}', "
                               f"seed {t.meta.get('seed')}) than this run plans (task '{spec.task_id}', seed "
                               f"{spec.seed}); choose another --out or remove it")

@@ -18,7 +18,7 @@ All builders are pure functions of trajectories; ``turnrl pairs`` reads and writ
   trained from turn ``t`` (``meta["train_from_turn"] = t``), so the first trained turn of both
   sides has the same context. With no such ``t`` >= 1 the expert's own game (``t`` = 0) is
   the winner when it returns more, as in a trajectory pair.
-* :func:`self_play_pairs` -- no expert: the best against the worst of a game's own samples
+* :func:`self_play_pairs` -- no expert: the best against the worst of a task's own samples
   when their returns differ ("clean": the worst of those that are not degenerate).
 * :func:`scored_samples` -- SPPO: every sample with its win rate against the K samples of its
   task under the environment-reward oracle ``P(i > j) = sigmoid((r_i - r_j) / tau)``, ties 1/2
@@ -39,7 +39,7 @@ with an invalid action, a turn without a parseable action, an action repeated
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -121,21 +121,23 @@ def _gibberish(text: str) -> bool:
     return len(words) >= 12 and len(set(words)) / len(words) < 0.2
 
 
+def _by_task(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
+    out: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        out[t.task_id].append(t)
+    return out
+
+
 def _expert_games(experts: Sequence[Trajectory]) -> Callable[[Trajectory], Trajectory | None]:
-    """The expert game an explored game is compared with: the one of the same task and env seed
-    (:attr:`Trajectory.game`), else the task's expert game when it has only one (demos collected
-    apart from the exploration, with other seeds). A task with several expert games and none of
-    the explored game's seed has no expert game: guessing one would pair two different games."""
+    """The expert game an explored game is compared with: the task's expert game of the same env
+    seed (:attr:`Trajectory.game`: the same random moves of the sampler, e.g. for an invalid
+    reply, and the same expert tie-breaks), else the task's last expert game (ETO's one expert
+    trajectory a task; demos collected apart from the exploration, with other seeds)."""
     of_game = {e.game: e for e in experts}
-    of_task: dict[str, list[Trajectory]] = defaultdict(list)
-    for e in experts:
-        of_task[e.task_id].append(e)
+    of_task = {e.task_id: e for e in experts}
 
     def find(x: Trajectory) -> Trajectory | None:
-        e = of_game.get(x.game)
-        if e is None and len(of_task.get(x.task_id, ())) == 1:
-            e = of_task[x.task_id][0]
-        return e
+        return of_game.get(x.game) or of_task.get(x.task_id)
 
     return find
 
@@ -275,11 +277,10 @@ def self_play_pairs(
     losers: LoserSetting = "noisy",
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
-    """Best against worst of each game's own samples (a task and env seed: :attr:`Trajectory.game`)
-    when their returns differ."""
+    """Best against worst of each task's own samples when their returns differ."""
     stats = stats if stats is not None else {}
     pairs: list[Pair] = []
-    for (task, _seed), group in by_game(samples).items():
+    for task, group in _by_task(samples).items():
         ranked = sorted(group, key=lambda t: t.return_)
         best = ranked[-1]
         if best.return_ == ranked[0].return_:

@@ -503,6 +503,7 @@ class ScienceWorld(TextEnv):
         if gold is None and path is not None and path.is_file():
             try:
                 gold = [str(a) for a in json.loads(path.read_text())["actions"]]
+                _GOLD_MEMORY[(name, variation, self.simplification)] = gold  # read once a process
             except (ValueError, KeyError, TypeError):
                 gold = None  # a damaged cache file: generate again
         return gold

@@ -331,6 +331,7 @@ class ProcessEnv(TextEnv):
         self.timeout = self._worker.timeout
         self._generation = 0
         self._cache: dict[str, Any] = {"instruction": "", "max_turns": 50, "valid_actions": None}
+        self._listed: list[str] | None = None
         self._task_ids: dict[str, list[str]] = {}
         self._task_id = ""
         self._failed: str | None = None
@@ -362,7 +363,7 @@ class ProcessEnv(TextEnv):
             except WorkerFailure as e:
                 if attempt == 2:
                     raise TurnRLError(f"env worker failed twice at reset: {e}") from None
-        self._update(snap)
+        self._update(snap, info)
         self._task_id = str(info.get("task_id", ""))
         return obs, info
 
@@ -370,13 +371,13 @@ class ProcessEnv(TextEnv):
         if self._failed is None:
             try:
                 obs, reward, terminated, truncated, info, snap = self._call("step", action)
-                self._update(snap)
+                self._update(snap, info)
                 return obs, reward, terminated, truncated, info
             except WorkerFailure as e:
                 self._failed = str(e)
         info = {"task_id": self._task_id, "won": False, "success": False, "outcome": "env_error",
                 "error": self._failed, "valid_actions": []}
-        self._cache["valid_actions"] = []
+        self._cache["valid_actions"], self._listed = [], []
         return f"The environment failed: {self._failed}. The episode ends.", 0.0, False, True, info
 
     def valid_actions(self) -> list[str] | None:
@@ -391,7 +392,10 @@ class ProcessEnv(TextEnv):
                 return step
             except WorkerFailure as e:
                 self._failed = str(e)
-        return ExpertStep("look", "The environment failed; the episode will end.")
+        # an action the sampler takes as valid, so that it steps the env, whose step ends the episode
+        # as an env_error (a made-up action would count as the agent's invalid move)
+        acts = self._cache["valid_actions"] or self._listed
+        return ExpertStep(acts[0] if acts else "look", "The environment failed; the episode will end.")
 
     def close(self) -> None:
         if not self._closed:
@@ -418,9 +422,11 @@ class ProcessEnv(TextEnv):
     def _call(self, op: str, args: Any, timeout: float | None = None) -> Any:
         return self._worker.call(self, op, args, timeout)
 
-    def _update(self, snap: dict[str, Any]) -> None:
+    def _update(self, snap: dict[str, Any], info: dict[str, Any] | None = None) -> None:
         self._cache.update(snap)
         self.max_turns = int(snap["max_turns"])
+        #: the actions the last observation listed (``info["valid_actions"]``, what the sampler reads)
+        self._listed = None if info is None else info.get("valid_actions")
 
 
 def worker_factory(env_name: str, env_opts: dict[str, Any] | None = None, *, timeout: float = 600.0

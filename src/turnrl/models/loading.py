@@ -41,7 +41,12 @@ def _local_dir(text: str) -> Path | None:
     if p.exists() and not p.is_dir():
         raise TurnRLError(f"{text}: is a file, not a model folder")
     if not p.is_dir():
-        raise TurnRLError(f"model path not found: {text}")
+        parts = Path(text).parts
+        hint = ""
+        if len(parts) == 2 and not text.startswith((".", "/", "~")) and Path(parts[0]).is_dir():
+            hint = (f" (read as a local path because ./{parts[0]} exists; for the hub id, download it first "
+                    f"with `huggingface-cli download {text}` or run from another folder)")
+        raise TurnRLError(f"model path not found: {text}{hint}")
     if not (p / "config.json").is_file():
         raise TurnRLError(f"{text}: not a model directory (no config.json)")
     return p
@@ -78,33 +83,51 @@ def model_fingerprint(path: str | Path) -> str:
     safetensors sorts tensors by name, so they hold the embeddings, which a LoRA fine-tune leaves
     as they were. A hub id is fingerprinted by the snapshot of it in the hub cache (the revision
     ``main`` points at), so an update under the same id is another model; an id not in the cache
-    by its name alone. (Before 29 Nov 2026 files of other suffixes than weights, JSON and text,
-    such as a chat template, counted by name and size alone, and a large weight file by its 64
-    samples alone.)"""
+    by its name alone. :func:`legacy_model_fingerprint` is the form used before 29 Nov 2026."""
+    return model_fingerprints(path)[0]
+
+
+def legacy_model_fingerprint(path: str | Path) -> str:
+    """The fingerprint as computed before 29 Nov 2026 (files of other suffixes than weights, JSON
+    and text, such as a chat template, by name and size alone; a large weight file by its 64
+    samples alone), which episodes and checkpoints of that time record: they still resume."""
+    return model_fingerprints(path)[1]
+
+
+def model_fingerprints(path: str | Path) -> tuple[str, str]:
+    """``(model_fingerprint, legacy_model_fingerprint)`` of ``path``, in one pass over its files."""
     p = Path(path)
     if not p.is_dir():
         snapshot = _hub_snapshot(str(path))
         if snapshot is None:
-            return name_fingerprint(path)
+            return name_fingerprint(path), name_fingerprint(path)
         p = snapshot
-    h = hashlib.sha256()
+    h, old = hashlib.sha256(), hashlib.sha256()
     span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
         if not f.is_file() or f.name.startswith("."):
             continue
         size = f.stat().st_size
-        h.update(f"{f.relative_to(p)}:{size}".encode())
+        for x in (h, old):
+            x.update(f"{f.relative_to(p)}:{size}".encode())
+        counted_before = f.suffix in {".safetensors", ".bin", ".json", ".model", ".pt", ".txt"}
         with f.open("rb") as fh:
             if size <= span:
-                h.update(fh.read())
+                data = fh.read()
+                h.update(data)
+                if counted_before:
+                    old.update(data)
                 continue
             for k in range(_FINGERPRINT_CHUNKS):
                 fh.seek((size - _FINGERPRINT_BYTES) * k // (_FINGERPRINT_CHUNKS - 1))
-                h.update(fh.read(_FINGERPRINT_BYTES))
+                data = fh.read(_FINGERPRINT_BYTES)
+                h.update(data)
+                if counted_before:
+                    old.update(data)
             if f.suffix == ".safetensors":
                 for sample in _tensor_samples(fh, size):
                     h.update(sample)
-    return h.hexdigest()[:16]
+    return h.hexdigest()[:16], old.hexdigest()[:16]
 
 
 def _tensor_samples(fh: Any, size: int, n: int = 256) -> list[bytes]:

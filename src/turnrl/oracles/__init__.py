@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 
 from turnrl.config import Config
-from turnrl.data.schema import Trajectory, by_game
+from turnrl.data.schema import Trajectory
 from turnrl.errors import TurnRLError
 
 __all__ = [
@@ -209,14 +209,14 @@ Selection = Literal["all", "best_worst"]
 
 
 def select_samples(scored: Sequence[Trajectory], select: Selection) -> list[Trajectory]:
-    """``all`` keeps every scored sample; ``best_worst`` keeps each game's highest and lowest
-    win rate (the SPPO authors' choice), dropping games whose samples all tie."""
+    """``all`` keeps every scored sample; ``best_worst`` keeps each task's highest and lowest
+    win rate (the SPPO authors' choice), dropping tasks whose samples all tie."""
     if select == "all":
         return list(scored)
     if select != "best_worst":
         raise TurnRLError(f"unknown sample selection {select!r}; choose from: all, best_worst")
     out: list[Trajectory] = []
-    for group in by_game(scored).values():
+    for group in _by_task(scored).values():
         ranked = sorted(group, key=lambda t: float(t.meta["win_rate"]))
         worst, best = ranked[0], ranked[-1]
         if best.meta["win_rate"] == worst.meta["win_rate"]:
@@ -227,15 +227,15 @@ def select_samples(scored: Sequence[Trajectory], select: Selection) -> list[Traj
 
 def score_samples(samples: Sequence[Trajectory], oracle: PreferenceOracle, *,
                   select: Selection = "all") -> list[Trajectory]:
-    """Each sample with ``meta["win_rate"]`` against the K samples of its game (its task and env
-    seed, :attr:`~turnrl.data.schema.Trajectory.game`: a plan that visits a task twice makes two
-    groups of K; one batched oracle call for all), ``meta["group_size"]`` and ``meta["oracle"]``;
-    then :func:`select_samples`."""
-    groups = by_game(samples)
+    """Each sample with ``meta["win_rate"]`` against every sample of its task (SPPO's K samples of
+    a prompt: the env seed is not part of the group, as it only draws the sampler's random moves,
+    so a plan that visits a task twice gives it 2K; one batched oracle call for all),
+    ``meta["group_size"]`` and ``meta["oracle"]``; then :func:`select_samples`."""
+    groups = _by_task(samples)
     mats = preference_matrices(oracle, groups)
     out: list[Trajectory] = []
-    for game, group in groups.items():
-        rates = win_rates(mats[game])
+    for task, group in groups.items():
+        rates = win_rates(mats[task])
         for y, p in zip(group, rates, strict=True):
             extra = {"tau": oracle.tau} if isinstance(oracle, EnvRewardOracle) else {}
             out.append(replace(y, meta={**y.meta, "win_rate": float(p), "group_size": len(group),

@@ -502,7 +502,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     ``model`` and ``expert`` skip :func:`prepare_base` (an SFT agent and its demos made
     elsewhere); ``first_explore`` reuses an exploration of that agent for iteration 1;
     ``eval_start=False`` skips evaluating the starting agent (evaluated elsewhere); ``base`` is
-    the model self-play's RFT retrains with ``rft_init: base`` (default: :func:`prepare_base_model`)."""
+    the model self-play's RFT retrains with ``rft_init: base`` (default: ``cfg.model`` when given,
+    as ``turnrl compare`` does, else :func:`prepare_base_model`)."""
     from turnrl.train.core import atomic_write_json
 
     cfg.check()
@@ -511,8 +512,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
-    if base is None and cfg.self_play and cfg.rft_init == "base":
-        base = prepare_base_model(cfg, out, log)
+    if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare
+        base = cfg.model if cfg.model is not None else prepare_base_model(cfg, out, log)
     start_model = model
     start = run_stage(out / "eval_start.json", lambda p: evaluate_model(cfg, str(start_model), p, "start"),
                       log=log) if eval_start else []

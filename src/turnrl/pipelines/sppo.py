@@ -23,9 +23,9 @@ Departures from the paper (Wu et al., 2024):
 
 * The paper samples single responses to prompts; here a sample is a whole multi-turn episode
   and log pi(y) sums over its agent turns (DESIGN 3). The environment answers in between, so
-  "the K samples of a task" share the task and the env seed (start state and opponent), not
-  the replies: they are the K episodes of one planned game (``Trajectory.game``). With more
-  ``train_tasks`` than the split has tasks, a task's later visits are other games, scored apart.
+  "the K samples of a task" share the task (start state and opponent seed), not the replies.
+  With more ``train_tasks`` than the split has tasks, a task's later visits join its group (2K
+  samples), as another K samples of the same prompt.
 * The paper's oracle is PairRM on UltraFeedback prompts, a fresh third of the prompts each
   iteration; the default oracle here is the env reward (``oracle.kind: env_reward``), and
   every iteration revisits the same ``train_tasks`` train tasks (as ETO's loop does); the

@@ -82,7 +82,8 @@ class ModelPolicy:
     """A language model: every active episode's prompt goes into one engine call."""
 
     def __init__(self, engine: Engine, chat: ChatFormat, sampling: SamplingConfig, *, history: int | None = None,
-                 name: str = "model", fingerprint: str | None = None, seed: int | None = None):
+                 name: str = "model", fingerprint: str | None = None, seed: int | None = None,
+                 legacy_fingerprint: str | None = None):
         self.engine = engine
         self.chat = chat
         self.sampling = sampling
@@ -91,6 +92,9 @@ class ModelPolicy:
         #: the model's :func:`~turnrl.models.loading.model_fingerprint` (episodes record it, so that a
         #: resumed collection can tell a retrained model saved at the same path); None: unknown
         self.fingerprint = fingerprint
+        #: the same weights' fingerprint as computed before 29 Nov 2026 (a resume accepts episodes
+        #: that record it)
+        self.legacy_fingerprint = legacy_fingerprint
         #: the salt of every sampling seed (:meth:`seeds`); None: drawn from torch's global generator
         #: at the first sampled turn, so a pipeline that seeds torch before a stage gets the same salt
         #: when the stage is rerun to resume
@@ -161,26 +165,27 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
         return scripted
     _check_not_a_typo(spec)
     from turnrl.devices import default_device
-    from turnrl.models.loading import load_model, load_tokenizer, model_fingerprint, resolve_model_path
+    from turnrl.models.loading import load_model, load_tokenizer, model_fingerprints, resolve_model_path
     from turnrl.rollout.engine import HFEngine
     from turnrl.rollout.vllm_engine import VLLMEngine, import_vllm
 
     if engine == "vllm":
         import_vllm()  # a missing install fails before anything loads
     path = resolve_model_path(spec)
-    fingerprint = model_fingerprint(path)
+    fingerprint, legacy = model_fingerprints(path)
     if engine == "vllm":
         tok = load_tokenizer(spec)
         chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
         # the engine's seed salts the sampler's keyed seeds (without one, torch's global generator does)
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec,
-                           fingerprint=fingerprint, seed=(engine_opts or {}).get("seed"))
+                           fingerprint=fingerprint, seed=(engine_opts or {}).get("seed"), legacy_fingerprint=legacy)
     tok = load_tokenizer(spec)
     model = load_model(spec, device=default_device(device))
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
-    return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec, fingerprint=fingerprint)
+    return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec, fingerprint=fingerprint,
+                       legacy_fingerprint=legacy)
 
 
 def _check_not_a_typo(spec: str) -> None:

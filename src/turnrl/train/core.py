@@ -472,9 +472,10 @@ class Trainer:
         #: in that step's record. It must be deterministic given the model and the RNG state.
         self.before_step = before_step
         self.save_apart = tuple(save_apart)
-        # a model without dropout trains alike either way (and its runs resume across the setting's addition)
+        # hashed only where it changes what trains: dropout turned off in a model that has some. Kept on
+        # (every run before the setting existed) or on a model without dropout, runs resume as before
         drops = bool(dropout_modules(model)) or (cfg.lora is not None and cfg.lora.dropout > 0)
-        exempt = frozenset() if drops else frozenset({"dropout"})
+        exempt = frozenset() if drops and not cfg.dropout else frozenset({"dropout"})
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
         self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}, exempt=exempt)
                               for rc in legacy_run_configs}

@@ -771,9 +771,13 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
                        steps_per_iter=steps_per_iter)
     if cfg.kl_estimator == "full" and cfg.beta_kl > 0:
         objective.ref = runner.ref_logprobs
+    # settings added on 29 Nov 2026 stay out of the hash where they change nothing, so that earlier runs resume:
+    # dropout (the trainer core hashes it where it matters) and kl_gradient at its default, the earlier behaviour
+    added = {"dropout"} | ({"kl_gradient"} if cfg.kl_gradient == "pathwise" else set())
+    dump = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in added}
     run_config = {"algo": "ppo", "model": str(model_name), "env": env_name, "advantage": kind,  # hashed: without
-                  "ppo": {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT}}  # cadence
-    legacy = {**run_config, "ppo": cfg.model_dump(mode="json")}  # before 28 Nov 2026 the cadence was hashed too
+                  "ppo": {k: v for k, v in dump.items() if k not in _HASH_EXEMPT}}  # cadence
+    legacy = {**run_config, "ppo": dump}  # before 28 Nov 2026 the cadence was hashed too
     trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
                       legacy_run_configs=[legacy],
                       before_step=runner.before_step, save_apart=("value_head",) if kind == "gae" else (),

@@ -409,7 +409,7 @@ def train_preference(
     from turnrl.models.loading import (
         load_model,
         load_tokenizer,
-        model_fingerprint,
+        model_fingerprints,
         name_fingerprint,
         resolve_model_path,
         training_dtype,
@@ -430,9 +430,11 @@ def train_preference(
     ref_path = resolve_model_path(ref_name)
     # the units are the policy's tokens: with another reference model its tokenizer is part of the key
     tok_key = "" if cfg.ref_model is None else "/" + _tokenizer_fingerprint(tok)
-    ref_fp = model_fingerprint(ref_path) + tok_key
-    # before 28 Nov 2026 a hub id was fingerprinted by its name: runs checkpointed then still resume
-    legacy_fp = None if Path(ref_path).is_dir() else name_fingerprint(ref_path) + tok_key
+    new_fp, old_fp = model_fingerprints(ref_path)
+    ref_fp = new_fp + tok_key
+    # runs checkpointed with an earlier fingerprint still resume: before 29 Nov 2026 another form of it,
+    # before 28 Nov a hub id's name
+    legacy_fps = {old_fp + tok_key} | (set() if Path(ref_path).is_dir() else {name_fingerprint(ref_path) + tok_key})
     ref: Any = None
     for group, path in ((units, Path(data)), (held_out, Path(eval_data) if eval_data else None)):
         if not group or path is None:
@@ -457,7 +459,7 @@ def train_preference(
     run_config = {"algo": cfg.loss, "model": str(model_name), "data": file_hash(data), "ref": ref_fp,
                   "eval_data": file_hash(eval_data) if eval_data else None}
     out = Path(out)
-    legacy = [] if legacy_fp is None or legacy_fp == ref_fp else [{**run_config, "ref": legacy_fp}]
+    legacy = [{**run_config, "ref": fp} for fp in sorted(legacy_fps - {ref_fp})]
     trainer = Trainer(model, cfg, out, units, PreferenceObjective(cfg, pad_id), tokenizer=tok, eval_fn=eval_fn,
                       accelerator=acc, run_config=run_config, legacy_run_configs=legacy)
     trainer.check_out(resume)  # before anything is written there
