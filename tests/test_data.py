@@ -468,10 +468,16 @@ def test_eto_import_keeps_a_null_reward_missing_and_refuses_overflowing_numbers(
     path.write_text('{"meta": {"reward": 1e400}, "conversations": []}')
     with pytest.raises(TurnRLError, match=r"7\.json: invalid JSON: 1e400 is too large for a float"):
         import_eto(path, env="alfworld")
+    lines = tmp_path / "eto.jsonl"  # JSONL: an item's extra key, kept in meta, is checked where it is read
+    item = {"id": 1, "score": 2.5, "conversations": ETO_ITEMS[1]["conversations"]}
+    lines.write_text(json.dumps(item) + "\n" + json.dumps(item).replace("2.5", "1e400") + "\n")
+    with pytest.raises(TurnRLError, match=r"eto\.jsonl:2: the item's other keys\.score is not a finite number"):
+        import_eto(lines, env="alfworld")
 
 
 def test_a_number_too_large_and_a_line_of_control_characters_are_invalid_json(tmp_path: Path) -> None:
-    for line, message in (('{"meta": {"score": 1e400}}', "1e400 is too large for a float"),
+    big = json.dumps(with_changes(meta={"score": [1.0, 2.5]})).replace("2.5", "1e400")
+    for line, message in ((big, r"meta\.score\[1\] is not a finite number \(got inf\)"),
                           ("\x1c\x1d", "invalid JSON"), ("\u3000", "invalid JSON")):
         path = write_lines(tmp_path / "x.jsonl", [json.dumps(good()), line])
         with pytest.raises(TurnRLError, match=rf"x\.jsonl:2: .*{message}"):
@@ -492,6 +498,30 @@ def test_a_second_writer_of_a_file_is_refused_before_it_touches_it(tmp_path: Pat
     with JsonlWriter(path) as again:  # the first closed: the next writer appends
         again.write(good())
     assert len(read_trajectories(path)) == 3
+
+
+def test_a_file_system_without_locks_is_written_unlocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """NFS without a lock daemon answers flock with ENOLCK: the writer warns and writes, as before the
+    lock; writing afresh to a pipe (nothing to truncate) works too."""
+    import errno
+    import fcntl
+    import os
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with JsonlWriter(tmp_path / "x.jsonl") as w:
+        w.write(good())
+    assert len(read_trajectories(tmp_path / "x.jsonl")) == 1 and "cannot be locked" in caplog.text
+    monkeypatch.undo()
+    r, wfd = os.pipe()
+    with JsonlWriter(f"/dev/fd/{wfd}", append=False) as w:
+        w.write({"a": 1})
+    os.close(wfd)
+    assert os.read(r, 100) == b'{"a": 1}\n'
+    os.close(r)
 
 
 def test_parse_action() -> None:

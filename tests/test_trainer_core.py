@@ -497,6 +497,10 @@ def test_dropout_setting_is_hashed_only_for_a_model_that_drops_out(tmp_path: Pat
     # kept on (every run before the setting existed): the hash is the one made without the setting
     before = config_hash(base_cfg(dropout=True), None, {"examples": 8}, exempt=frozenset({"dropout"}))
     assert trainer("g", 0.2, True).config_hash == before
+    exempt = Trainer(build_model(0, 0.2), base_cfg(dropout=True, lr=0.5), tmp_path / "h", make_data(8), NLL(),
+                     hash_exempt=["lr"])  # a caller's settings left out (PPO's kl_gradient at its default)
+    assert exempt.config_hash == config_hash(base_cfg(), None, {"examples": 8}, exempt=frozenset({"dropout", "lr"}))
+    assert exempt.config_hash != before
     kept, dropped = trainer("e", 0.2, True), trainer("f", 0.2, False)
     assert len(dropout_modules(kept.unwrapped_model)) == 2 and dropout_modules(dropped.unwrapped_model) == []
     x = torch.tensor([make_data(1)[0]])

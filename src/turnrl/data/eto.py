@@ -43,6 +43,7 @@ from typing import Any
 
 from turnrl.data.io import (
     PathLike,
+    check_finite,
     finite_float,
     is_finite_number,
     iter_jsonl,
@@ -138,6 +139,7 @@ def eto_item_to_trajectory(
     if reward is None and not _names_reward(item):  # an explicit null (ETO: the episode failed) stays missing
         reward = default_reward
     meta = {k: v for k, v in item.items() if k not in ("id", "conversations", "reward")}
+    check_finite(meta, where, "the item's other keys")  # 1e400 reads as infinity: no writer takes it
     meta["eto_index"] = index
     if reward is None:
         meta["reward_missing"] = True

@@ -17,6 +17,7 @@ Unknown keys are errors too (a typo must not pass silently), except inside ``met
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -93,6 +94,19 @@ def is_finite_number(value: Any) -> bool:
         return _is_number(value) and math.isfinite(value)
     except OverflowError:
         return False
+
+
+def check_finite(value: Any, where: str, name: str) -> None:
+    """A one-line error naming the first number under ``value`` that is not finite (``1e400``
+    reads as infinity, and no writer here writes it back)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(where, f"{name} is not a finite number (got {value})")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(v, where, f"{name}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_finite(v, where, f"{name}[{i}]")
 
 
 def _check_object(value: Any, where: str, name: str) -> dict[str, Any]:
@@ -244,6 +258,7 @@ def _trajectory(d: Any, where: str, prefix: str, *, need_schema: bool) -> Trajec
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         _fail(where, f"{q('meta')} must be a JSON object (got {_show(meta)})")
+    check_finite(meta, where, q("meta"))
     return Trajectory(
         id=_get_str(d, "id", where, prefix),
         env=_get_str(d, "env", where, prefix),
@@ -292,6 +307,7 @@ def pair_from_dict(d: Mapping[str, Any], where: str = "") -> Pair:
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         _fail(where, f"meta must be a JSON object (got {_show(meta)})")
+    check_finite(meta, where, "meta")
     return Pair(
         task_id=_get_str(d, "task_id", where, ""),
         chosen=_trajectory(d["chosen"], where, "chosen", need_schema=False),
@@ -342,7 +358,7 @@ def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             if not text.strip(" \t\r\n"):  # str.strip() would also take control and Unicode spaces
                 continue
             try:
-                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite, parse_float=finite_float)
+                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite)
             except json.JSONDecodeError as e:
                 hint = (
                     ""
@@ -450,6 +466,11 @@ def _lock(f: IO[bytes], path: Path) -> None:
     except BlockingIOError:
         raise TurnRLError(f"{path}: another writer has it open (a run still going?); wait for it to end "
                           "or write elsewhere") from None
+    except OSError as e:  # a file system without flock (NFS without a lock daemon, some Lustre mounts)
+        if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        log.warning("%s: cannot be locked on this file system (%s); two writers of it would not be told apart",
+                    path, e.strerror)
 
 
 def _repair_tail(path: Path, durable: bool) -> int:
@@ -526,11 +547,14 @@ class JsonlWriter:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
         existed = self.path.exists()
-        f = open(self.path, "ab")  # truncated below, under the lock, when not appending
+        regular = not existed or self.path.is_file()
+        # a file is truncated below, under the lock, when not appending; a pipe is opened as it is
+        f = open(self.path, "ab" if self.append or regular else "wb")
         try:
             _lock(f, self.path)
             if not self.append:
-                f.truncate(0)
+                if regular:
+                    f.truncate(0)
             elif existed:
                 self.dropped_bytes = _repair_tail(self.path, self.durable)
                 if self.dropped_bytes:

@@ -437,7 +437,9 @@ class Trainer:
     ``run_config`` is everything besides ``cfg`` that determines the result (model path,
     data files, algorithm settings); it is hashed so that a resume with a different config
     is refused, and written to ``summary.json``. ``legacy_run_configs`` are the same run's
-    config as earlier turnrl versions hashed it: their checkpoints resume too.
+    config as earlier turnrl versions hashed it: their checkpoints resume too. ``hash_exempt``
+    names settings of ``cfg`` left out of the hash (settings added later, at the value that
+    behaves as before they existed).
     """
 
     def __init__(
@@ -455,6 +457,7 @@ class Trainer:
         before_step: Callable[[int], dict[str, float] | None] | None = None,
         save_apart: Sequence[str] = (),
         legacy_run_configs: Sequence[dict[str, Any]] = (),
+        hash_exempt: Sequence[str] = (),
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
@@ -475,7 +478,7 @@ class Trainer:
         # hashed only where it changes what trains: dropout turned off in a model that has some. Kept on
         # (every run before the setting existed) or on a model without dropout, runs resume as before
         drops = bool(dropout_modules(model)) or (cfg.lora is not None and cfg.lora.dropout > 0)
-        exempt = frozenset() if drops and not cfg.dropout else frozenset({"dropout"})
+        exempt = frozenset(hash_exempt) | (frozenset() if drops and not cfg.dropout else frozenset({"dropout"}))
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
         self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}, exempt=exempt)
                               for rc in legacy_run_configs}

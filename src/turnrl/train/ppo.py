@@ -779,7 +779,7 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
                   "ppo": {k: v for k, v in dump.items() if k not in _HASH_EXEMPT}}  # cadence
     legacy = {**run_config, "ppo": dump}  # before 28 Nov 2026 the cadence was hashed too
     trainer = Trainer(model, train_cfg, out, buffer, objective, tokenizer=tok, run_config=run_config,
-                      legacy_run_configs=[legacy],
+                      legacy_run_configs=[legacy], hash_exempt=sorted(added - {"dropout"}),
                       before_step=runner.before_step, save_apart=("value_head",) if kind == "gae" else (),
                       eval_fn=runner.eval_fn if cfg.eval_every and cfg.eval_episodes else None)
     runner.trainer = trainer
