@@ -522,6 +522,9 @@ def test_a_file_system_without_locks_is_written_unlocked(tmp_path: Path, monkeyp
     os.close(wfd)
     assert os.read(r, 100) == b'{"a": 1}\n'
     os.close(r)
+    with JsonlWriter("/dev/null") as a, JsonlWriter("/dev/null") as b:  # a device is not locked
+        a.write({"a": 1})
+        b.write({"b": 2})
 
 
 def test_parse_action() -> None:

@@ -525,10 +525,11 @@ class JsonlWriter:
     mid-write), that partial line is removed first and :attr:`dropped_bytes` says how many
     bytes went; a complete last line that only lacks its newline is kept.
 
-    A writer holds an exclusive lock on the file (``flock``, where the OS has it) from
-    :meth:`open` to :meth:`close`: a second writer of the same file, in this process or
+    A writer holds an exclusive lock on a regular file (``flock``, where the file system has it)
+    from :meth:`open` to :meth:`close`: a second writer of the same file, in this process or
     another, is refused with a one-line :class:`~turnrl.errors.TurnRLError` before it repairs
     or truncates anything (repairing under a running writer would cut its finished records).
+    Devices and pipes (``/dev/null``, a FIFO) are written as they are.
     """
 
     def __init__(self, path: PathLike, *, append: bool = True, durable: bool = False):
@@ -551,11 +552,12 @@ class JsonlWriter:
         # a file is truncated below, under the lock, when not appending; a pipe is opened as it is
         f = open(self.path, "ab" if self.append or regular else "wb")
         try:
-            _lock(f, self.path)
+            if regular:  # a device or a pipe (/dev/null, a FIFO) has no records to guard or repair
+                _lock(f, self.path)
             if not self.append:
                 if regular:
                     f.truncate(0)
-            elif existed:
+            elif existed and regular:
                 self.dropped_bytes = _repair_tail(self.path, self.durable)
                 if self.dropped_bytes:
                     log.warning(
