@@ -302,6 +302,13 @@ def test_config_cross_checks() -> None:
             _check(CompareConfig(pipeline=EtoConfig(pairs=pairs)))
         _check(CompareConfig(pipeline=EtoConfig(pairs=pairs), truncate_ks=[]))
     EtoConfig(pairs="mixed", truncate_k=0).check()
+    # self-play pairs have no expert loser to cut, and its first iteration is RFT, no preference row
+    with pytest.raises(TurnRLError, match=r"^truncate_k=0 cuts the losers of expert pairs; self_play"):
+        EtoConfig(self_play=True, truncate_k=0).check()
+    for methods, key in ((["sft", "eto"], "pipeline.iterations"), (["sft", "dmpo"], "dmpo_iterations")):
+        with pytest.raises(TurnRLError, match=rf"self-play's RFT, not preference training: set {key} >= 2"):
+            _check(CompareConfig(methods=methods, pipeline=EtoConfig(self_play=True, iterations=1)))
+    _check(CompareConfig(methods=["sft", "eto"], pipeline=EtoConfig(self_play=True, iterations=2)))
     with pytest.raises(TurnRLError, match=r"samples_per_task must be >= 2 \(got 1\)"):
         EtoConfig(self_play=True, samples_per_task=1).check()
     # the pipeline's loss is what trains: another train.loss would be ignored
@@ -923,9 +930,14 @@ def test_expert_games_are_matched_by_seed_and_sample_groups_by_task(tmp_path: Pa
     assert any(len({e.return_ for e in experts if e.task_id == t}) > 1 for t, n in by_task.items() if n > 1)
     stats: dict[str, int] = {}
     assert trajectory_pairs(experts, replayed, stats=stats) == [] and stats["same_return"] == len(specs)
-    steps = _play(ExpertPolicy(), cfg, step_plan(cfg, specs, experts, 1), tmp_path / "steps.jsonl")
+    every = cfg.model_copy(update={"step_turns": "all"})
+    plan = step_plan(every, specs, experts, 1)  # every turn of each game's own expert game (of its seed)
+    own = {e.game: e for e in experts}
+    assert len(plan) == sum(e.num_turns - 1 for e in experts)
+    assert all(0 < s.expert_turns < own[(s.task_id, s.seed)].num_turns for s in plan)
+    steps = _play(ExpertPolicy(), cfg, plan, tmp_path / "steps.jsonl")
     stats = {}
-    assert step_pairs(experts, steps, stats=stats) == [] and "prefix_mismatch" not in stats
+    assert step_pairs(experts, steps, stats=stats) == [] and "prefix_mismatch" not in stats and "no_step" not in stats
 
     # every sample of a task is one group: here the task's expert games (2 or 3 seeds) and random games
     randoms = _play(RandomPolicy(), cfg, specs, tmp_path / "random.jsonl")
@@ -1036,6 +1048,8 @@ def test_self_play_rft_init_base_retrains_the_base_model(tmp_path: Path, monkeyp
     cfg = eto.EtoConfig(base="the-base", self_play=True, rft_init="base", expert_episodes=4, iterations=1).check()
     summary = eto.run_pipeline(cfg, tmp_path / "run", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
     assert bases == ["the-base"] and summary["final_model"] == "rft-model"
+    with pytest.raises(TurnRLError, match="model and expert are given together"):
+        eto.run_pipeline(cfg, tmp_path / "half", model="sft")
     given = cfg.model_copy(update={"model": "the-start"})  # a given start model is the base (as in compare)
     eto.run_pipeline(given, tmp_path / "given", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
     assert bases[-1] == "the-start" and not (tmp_path / "given" / "tiny").exists()

@@ -227,6 +227,13 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError(f"best_of_n must be >= 1 (got {cfg.best_of_n})")
     if cfg.dmpo_iterations < 1:
         raise TurnRLError(f"dmpo_iterations must be >= 1 (got {cfg.dmpo_iterations})")
+    if cfg.pipeline.self_play:  # self-play's first iteration is RFT: a row of one iteration would be RFT's
+        for m, n, key in (("eto", cfg.pipeline.iterations, "pipeline.iterations"),
+                          ("dmpo", cfg.dmpo_iterations, "dmpo_iterations"),
+                          ("loser_length", cfg.dmpo_iterations, "dmpo_iterations")):
+            if m in cfg.methods and n < 2:
+                raise TurnRLError(f"methods: {m} with pipeline.self_play reads iteration {n}, which is self-play's "
+                                  f"RFT, not preference training: set {key} >= 2")
     from_eto = (("dmpo" in cfg.methods and cfg.pipeline.losers in cfg.loser_settings)
                 or ("loser_length" in cfg.methods and cfg.pipeline.losers == "noisy"))
     if cfg.dpo_from_eto and "eto" in cfg.methods and from_eto and cfg.dmpo_iterations > cfg.pipeline.iterations:

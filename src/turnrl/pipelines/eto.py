@@ -210,6 +210,9 @@ class EtoConfig(AgentPipelineConfig):
         if self.truncate_k is not None and self.pairs in ("step", "takeover"):
             raise TurnRLError(f"truncate_k={self.truncate_k} cuts trajectory pairs' losers; pairs={self.pairs} trains "
                               "from the turn its sides part: remove truncate_k")
+        if self.self_play and self.truncate_k is not None:
+            raise TurnRLError(f"truncate_k={self.truncate_k} cuts the losers of expert pairs; self_play pairs a task's "
+                              "own samples: remove truncate_k")
         if self.self_play and self.samples_per_task < 2:
             raise TurnRLError(f"self_play pairs a task's own samples: samples_per_task must be >= 2 (got "
                               f"{self.samples_per_task})")
@@ -325,10 +328,13 @@ def step_plan(cfg: EtoConfig, specs: list[EpisodeSpec], experts: list[Trajectory
     with ``step_turns=all``, for every one. Indices follow the trajectory episodes' (0..len(specs)-1):
     task j's one random episode is len(specs) + j (as in runs made before ``step_turns``)."""
     rng = random.Random(f"{cfg.plan_seed()}/step/{i}")  # part of the plan, as data_seed fixes it
+    # the expert game each episode replays: the one of its env seed (a task the plan visits twice has
+    # two, of other lengths), else the task's last, as the pairs match them (data.pairs)
+    of_game = {t.game: t for t in experts}
     by_task = {t.task_id: t for t in experts}
     plan: list[EpisodeSpec] = []
     for j, s in enumerate(specs):
-        e = by_task.get(s.task_id)
+        e = of_game.get((s.task_id, s.seed)) or by_task.get(s.task_id)
         if e is None or e.num_turns <= 1:
             continue
         if cfg.step_turns == "random":
@@ -510,6 +516,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     out = Path(out if out is not None else cfg.out)
     given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
+    if (model is None) != (expert is None):
+        raise TurnRLError("run_pipeline: model and expert are given together (an agent and its demos), or neither")
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare
