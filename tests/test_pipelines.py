@@ -764,6 +764,19 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     plain = [r for r in recs if r["method"] in ("sft", "rft")]
     assert plot_all(cfg, plain, aggregate(plain), tmp_path) == ["reward_by_method.png"]
     assert not (tmp_path / "dmpo_gamma.png").exists() and not (tmp_path / "loser_length.png").exists()
+    # ETO without the loser-length study: no lone "DPO" point; without ETO's iteration dmpo_iterations
+    # (here 2 of a 1-iteration ETO) no DPO line or verdict from another iteration
+    eto_only = [r for r in recs if r["method"] in ("sft", "eto")]
+    assert plot_all(cfg.model_copy(update={"methods": ["sft", "eto"]}), eto_only, aggregate(eto_only),
+                    tmp_path) == ["reward_by_method.png", "reward_by_iteration.png"]
+    one = [r for r in recs if r["method"] == "sft" or r["method"] == "eto" and r["iteration"] == 1
+           or r["method"] == "dmpo-g0.1-noisy"]
+    later = cfg.model_copy(update={"dmpo_iterations": 2})
+    assert "has no DPO row to compare with (ETO has no iteration 2)" in report(later, aggregate(one), one)
+    # loser turns are kept unrounded and rounded once, in the report
+    uneven = [_rec("eto", s, "seen", 0.5, iteration=1, loss="dpo", losers="noisy", loser_turns=t)
+              for s, t in ((0, 10 / 10), (1, 12 / 11))]
+    assert aggregate(uneven)[0]["loser_turns"] == pytest.approx((1 + 12 / 11) / 2, abs=1e-12)
 
 
 @pytest.mark.parametrize("turns", ["random", "all"])

@@ -37,7 +37,7 @@ from turnrl.report import markdown_table, plot_rewards, plot_training_loss
 from turnrl.rollout import SamplingConfig, load_policy
 from turnrl.rollout.policies import ExpertPolicy, Policy, RandomPolicy
 from turnrl.stats import overlap
-from turnrl.train.core import atomic_write_json
+from turnrl.train.core import atomic_write_json, atomic_write_text
 
 ENV = "tictactoe"
 ENV_OPTS: dict[str, Any] = {"opponent": "random", "expert_ties": "ordered"}
@@ -107,14 +107,17 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
         build_tiny(tiny, env_names=(ENV,))  # a tic-tac-toe specialist: the whole vocabulary on its text
 
     demos = out / "demos.jsonl"
-    _say(console, f"[bold]2/5[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)")
+    have = sum(1 for line in demos.open("rb") if line.strip()) if demos.is_file() else 0
+    _say(console, f"[bold]2/5[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)"
+         + (" (done)" if have >= plan.demos else f" ({have} done)" if have else ""))
     with progress_bar("expert demos", plan.demos) as advance:
         run_policy(ExpertPolicy(), ENV, split="train", episodes=plan.demos, env_opts=ENV_OPTS, out=demos,
                    num_envs=64, prompt=PROMPT, progress=advance)
 
     sft_dir = out / "sft"
-    _say(console, f"[bold]3/5[/bold] SFT on the demos ({plan.epochs:g} epochs)")
-    if not (sft_dir / "summary.json").is_file():
+    trained = (sft_dir / "summary.json").is_file()
+    _say(console, f"[bold]3/5[/bold] SFT on the demos ({plan.epochs:g} epochs)" + (" (done)" if trained else ""))
+    if not trained:
         cfg = SFTConfig(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, row_tokens=1024,
                         history=PROMPT.history, warmup_ratio=0.03, save_every=50, seed=0)
         train_sft(str(tiny), demos, sft_dir, cfg, resume=resume)
@@ -149,7 +152,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     plot_rewards(results, out / "rewards.png", title=f"{ENV} vs random opponent: avg reward (95% CI)")
     summary = {"results": results, "env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__,
                "pairs": pair_stats, "seconds": round(time.time() - t0, 1)}
-    (out / "report.md").write_text(_report(results, plan))
+    atomic_write_text(out / "report.md", _report(results, plan))
     atomic_write_json(out / "summary.json", summary)
     if console is not None:
         console.print(results_table(results, title=f"quickstart: {ENV} vs random opponent"))

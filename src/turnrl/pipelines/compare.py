@@ -323,7 +323,8 @@ def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
     from turnrl.evaluation import results_table
 
     return {"out": str(root), "rows": rows, "table": results_table(
-        [{**r, "policy": r["method"], "episodes": r["seeds"]} for r in rows], title="compare (mean over seeds)")}
+        [{**r, "policy": r["method"], "episodes": r["episodes_per_seed"]} for r in rows],
+        title=f"compare (mean over {len(cfg.seeds)} seeds; episodes per seed)")}
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -399,7 +400,7 @@ def _paired(rs: list[Record], sft: dict[tuple[int, str], float]) -> Record | Non
 
 def _mean(xs: list[Any]) -> float | None:
     vals = [float(x) for x in xs if x is not None]
-    return round(sum(vals) / len(vals), 3) if vals else None
+    return sum(vals) / len(vals) if vals else None  # unrounded: the report rounds once
 
 
 def _row(rows: list[Record], method: str, split: str) -> Record | None:
@@ -446,9 +447,13 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with"
                        + (f" (the DPO baseline is ETO's iteration {cfg.dmpo_iterations}, dpo_from_eto: run eto too)"
                           if from_eto else ""))
+        elif dm is not None and dpo is not None and dpo["method"] == "eto" and _like_dmpo(dpo) is None:
+            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with (ETO has no "
+                       f"iteration {cfg.dmpo_iterations})")
         elif dm is not None and dpo is not None:
             if dpo["method"] == "eto":  # the same iteration as the DMPO run's last
                 dpo = _like_dmpo(dpo)
+                assert dpo is not None
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
@@ -460,9 +465,10 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
     return out
 
 
-def _like_dmpo(eto_row: Record) -> Record:
-    """ETO's row at the DMPO runs' iteration (attached by :func:`_with_dmpo_iteration`)."""
-    return eto_row.get("_like_dmpo", eto_row)
+def _like_dmpo(eto_row: Record) -> Record | None:
+    """ETO's row at the DMPO runs' iteration (attached by :func:`_with_dmpo_iteration`); None
+    when ETO has no such iteration (its final row is another agent than a DPO run of as many)."""
+    return eto_row.get("_like_dmpo")
 
 
 def _side(d: Record) -> str:
@@ -556,7 +562,7 @@ def _with_dmpo_iteration(cfg: CompareConfig, rows: list[Record], records: list[R
     out = []
     for r in rows:
         if r["method"] == "eto":
-            r = {**r, "_like_dmpo": next((f for f in at_n if f["split"] == r["split"]), r)}
+            r = {**r, "_like_dmpo": next((f for f in at_n if f["split"] == r["split"]), None)}
         out.append(r)
     return out
 
@@ -607,7 +613,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
 
     def dpo_row(losers: str) -> Record | None:
         e = seen.get("eto")
-        if e is not None and e.get("losers") == losers:
+        if e is not None and e.get("losers") == losers and cfg.dpo_from_eto:
             return _like_dmpo(e)  # ETO at the DMPO runs' iteration = the DPO run of as many
         return seen.get(f"dpo-{losers}")
 
@@ -616,8 +622,9 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
                  for losers in ("clean", "noisy")}
     if any(gamma_pts.values()):  # no DMPO row: no plot (not a lone DPO line)
         for k, (losers, pts) in enumerate(gamma_pts.items()):
-            if pts:
-                bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
+            if not pts:  # a loser setting the DMPO study did not run: no DPO line for it either
+                continue
+            bars(ax, [float(r["gamma"]) for r in pts], pts, color=f"C{k}", label=f"DMPO, {losers}")
             dpo = dpo_row(losers)
             if dpo is not None:
                 ax.axhline(dpo["avg_reward"], color=f"C{k}", ls="--", lw=1, label=f"DPO, {losers}")
@@ -627,7 +634,8 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     g = _loser_length_gamma(cfg)
     ks = [f"-k{k}" for k in cfg.truncate_ks]
-    for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy"), "dpo-noisy"),
+    study = "loser_length" in cfg.methods  # else ETO's row alone would be drawn as a lone DPO point
+    for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy") if study else None, "dpo-noisy"),
                                               (f"DMPO gamma={g:g}", seen.get(f"dmpo-g{g:g}-noisy"), f"dmpo-g{g:g}-noisy"))):
         pts = [r for r in [full, *(seen.get(prefix + s) for s in ks)] if r is not None and r.get("loser_turns")]
         pts.sort(key=lambda r: float(r["loser_turns"]))
