@@ -299,6 +299,16 @@ def test_judge_runs_end_to_end_on_tiny(tiny_dir: Path) -> None:
     trajs = _ttt_trajectories(2)
     m = preference_matrices(judge, {"g": trajs})["g"]
     assert m.shape == (4, 4) and (m + m.T == 1.0).all() and ((m >= 0) & (m <= 1)).all()
+    # each probability is P(A) of the model's next token after the prompt, read by a plain forward pass
+    assert [judge.tok.decode([i]).strip() for i in (judge.token_a, judge.token_b)] == ["A", "B"]
+    queries = [("g", trajs[0], trajs[1]), ("g", trajs[1], trajs[0]), ("g", trajs[2], trajs[0])]
+    want = []
+    for t, a, b in queries:
+        with torch.no_grad():
+            last = judge.model(input_ids=torch.tensor([judge.prompt(t, a, b)])).logits[0, -1].float()
+        want.append(float(torch.softmax(last[[judge.token_a, judge.token_b]], 0)[0]))
+    assert judge.probs(queries) == pytest.approx(want, abs=1e-5)
+    assert m[0, 1] == pytest.approx((want[0] + 1 - want[1]) / 2, abs=1e-5)  # both orders averaged
     assert parse_verdict("Answer: B, because") == 0.0 and parse_verdict("A") == 1.0 and parse_verdict("none") is None
 
 
@@ -335,10 +345,20 @@ def test_judge_letters_are_the_tokens_written_after_the_answer_prefix() -> None:
     judge.tok = tok
     a, b = judge._letter_ids()
     assert tok.convert_ids_to_tokens([a, b]) == ["▁A", "▁B"]
-    # the verdict read off logits that clearly prefer A is A, not 1/2
-    final = torch.zeros(len(vocab))
-    final[a] = 5.0
-    assert torch.softmax(torch.stack([final[a], final[b]]), 0)[0] > 0.99
+    # the verdict read off logits that clearly prefer the letter A is A, not 1/2
+    from types import SimpleNamespace
+
+    class PrefersA(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+            logits = torch.zeros(*input_ids.shape, len(vocab))
+            logits[..., a] = 5.0
+            return SimpleNamespace(logits=logits)
+
+    stub = PrefersA()
+    stub.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))  # probs() reads the device off a parameter
+    judge.model, judge.batch_size, judge.token_a, judge.token_b = stub, 4, a, b
+    judge.prompt = lambda t, x, y: [1, 3, 4]  # type: ignore[method-assign]
+    assert judge.probs([("t", None, None)])[0] > 0.99
     # a tokenizer that cannot write the letters: a one-line error, not probabilities of 1/2
     judge.tok = _sentencepiece_tokenizer({"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3}, [])
     with pytest.raises(TurnRLError, match="distinct tokens"):

@@ -287,12 +287,13 @@ def test_sampler_replays_an_expert_prefix() -> None:
                       num_envs=2)
     specs = [EpisodeSpec(0, "train", "ttt-s3", 11, expert_turns=2), EpisodeSpec(1, "train", "ttt-s3", 11)]
     branch, plain = sampler.run(specs)
-    expert = run_policy(ExpertPolicy(), "tictactoe", episodes=1, env_opts={"opponent": "random"},
-                        seed=0)[0]
+    (expert,) = run_policy(ExpertPolicy(), "tictactoe", env_opts={"opponent": "random"},
+                           specs=[EpisodeSpec(0, "train", "ttt-s3", 11)])  # the expert's own game of the spec
     assert branch.meta["expert_turns"] == 2 and "expert_turns" not in plain.meta
+    assert branch.actions[:2] == expert.actions[:2]  # the prefix is the expert's moves, replies included
+    assert [m.content for m in branch.messages[:5]] == [m.content for m in expert.messages[:5]]
     assert all("random" not in m.content for m in branch.messages[:6] if m.role == "assistant")
     assert any("random" in m.content for m in branch.messages if m.role == "assistant") or branch.num_turns <= 2
-    assert expert.num_turns >= 1
 
 
 # ----------------------------------------------------------------------- training
@@ -422,9 +423,10 @@ def test_cli_pairs_and_bad_pairs_file(tmp_path: Path, tiny_dir: Path, capsys) ->
     assert code == 0 and "pairs" in out
     pairs = read_pairs(tmp_path / "p.jsonl")
     assert pairs and all(p.chosen.return_ > p.rejected.return_ for p in pairs)
-    code, _, err = run(["pairs", "--explored", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "q.jsonl"),
-                        "--mode", "stepwise"], capsys)
-    assert "step" in one_line_error(code, err)
+    for extra in ([], ["--expert", str(tmp_path / "e.jsonl")]):
+        code, _, err = run(["pairs", "--explored", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "q.jsonl"),
+                            "--mode", "stepwise", *extra], capsys)
+        assert "unknown pairs mode 'stepwise'" in one_line_error(code, err) and "did you mean 'step'" in err
 
     lines = (tmp_path / "p.jsonl").read_text().splitlines()
     lines[1] = lines[1].replace('"chosen"', '"winner"', 1)

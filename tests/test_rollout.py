@@ -307,7 +307,7 @@ def test_invalid_action_policies(mode: str) -> None:
     (t,) = run_policy(Babbler(), "tictactoe", split="train", episodes=1, prompt=cfg)
     first = t.messages[2]
     assert first.role == "assistant" and first.valid is False and first.note
-    assert t.rewards[0] <= -0.5 + 1e-9 or mode == "random"
+    assert t.rewards[0] == -0.5  # in every mode: a first move of tic-tac-toe ends no game, so only the penalty
     if mode == "random":
         assert first.action in [str(i) for i in range(9)] and "random" in first.note
         assert t.messages[3].content.startswith("Opponent played")
