@@ -305,6 +305,9 @@ def test_config_cross_checks() -> None:
     # self-play pairs have no expert loser to cut, and its first iteration is RFT, no preference row
     with pytest.raises(TurnRLError, match=r"^truncate_k=0 cuts the losers of expert pairs; self_play"):
         EtoConfig(self_play=True, truncate_k=0).check()
+    with pytest.raises(TurnRLError, match="loser_length cuts expert pairs' losers; pipeline.self_play"):
+        _check(CompareConfig(methods=["sft", "loser_length"], dmpo_iterations=2,
+                             pipeline=EtoConfig(self_play=True, iterations=2)))
     for methods, key in ((["sft", "eto"], "pipeline.iterations"), (["sft", "dmpo"], "dmpo_iterations")):
         with pytest.raises(TurnRLError, match=rf"self-play's RFT, not preference training: set {key} >= 2"):
             _check(CompareConfig(methods=methods, pipeline=EtoConfig(self_play=True, iterations=1)))
@@ -772,7 +775,11 @@ def test_report_and_plots_from_records(tmp_path: Path) -> None:
     one = [r for r in recs if r["method"] == "sft" or r["method"] == "eto" and r["iteration"] == 1
            or r["method"] == "dmpo-g0.1-noisy"]
     later = cfg.model_copy(update={"dmpo_iterations": 2})
-    assert "has no DPO row to compare with (ETO has no iteration 2)" in report(later, aggregate(one), one)
+    assert "has no DPO row to compare with (no row of ETO's iteration 2 among these)" in report(later, aggregate(one), one)
+    # a DMPO study without the loser-length study: no loser-length plot at all (no lone DMPO point)
+    dm = [r for r in recs if r["method"] in ("sft", "eto") or r["method"].startswith("dmpo-g") and "-k" not in r["method"]]
+    assert "loser_length.png" not in plot_all(cfg.model_copy(update={"methods": ["sft", "eto", "dmpo"]}), dm,
+                                              aggregate(dm), tmp_path)
     # loser turns are kept unrounded and rounded once, in the report
     uneven = [_rec("eto", s, "seen", 0.5, iteration=1, loss="dpo", losers="noisy", loser_turns=t)
               for s, t in ((0, 10 / 10), (1, 12 / 11))]
@@ -1063,6 +1070,7 @@ def test_self_play_rft_init_base_retrains_the_base_model(tmp_path: Path, monkeyp
     assert bases == ["the-base"] and summary["final_model"] == "rft-model"
     with pytest.raises(TurnRLError, match="model and expert are given together"):
         eto.run_pipeline(cfg, tmp_path / "half", model="sft")
+    assert not (tmp_path / "half" / "settings.json").exists()  # refused before anything is written
     given = cfg.model_copy(update={"model": "the-start"})  # a given start model is the base (as in compare)
     eto.run_pipeline(given, tmp_path / "given", model="sft", expert=tmp_path / "unused.jsonl", eval_start=False)
     assert bases[-1] == "the-start" and not (tmp_path / "given" / "tiny").exists()

@@ -107,7 +107,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
         build_tiny(tiny, env_names=(ENV,))  # a tic-tac-toe specialist: the whole vocabulary on its text
 
     demos = out / "demos.jsonl"
-    have = sum(1 for line in demos.open("rb") if line.strip()) if demos.is_file() else 0
+    have = sum(1 for line in demos.open("rb") if line.endswith(b"\n")) if demos.is_file() else 0  # a cut line: not done
     _say(console, f"[bold]2/5[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)"
          + (" (done)" if have >= plan.demos else f" ({have} done)" if have else ""))
     with progress_bar("expert demos", plan.demos) as advance:

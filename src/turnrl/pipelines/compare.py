@@ -246,6 +246,9 @@ def _check(cfg: CompareConfig) -> None:
     for k in cfg.truncate_ks:
         if k < 0:
             raise TurnRLError(f"truncate_ks: losers are cut to the winner's turns plus k, k >= 0 (got {k})")
+    if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.self_play:
+        raise TurnRLError("methods: loser_length cuts expert pairs' losers; pipeline.self_play pairs a task's own "
+                          "samples: drop loser_length or set truncate_ks: []")
     if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.pairs in ("step", "takeover"):
         raise TurnRLError(f"methods: loser_length cuts trajectory pairs' losers; pipeline.pairs={cfg.pipeline.pairs} "
                           "has none to cut: drop loser_length or set truncate_ks: []")
@@ -448,8 +451,8 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
                        + (f" (the DPO baseline is ETO's iteration {cfg.dmpo_iterations}, dpo_from_eto: run eto too)"
                           if from_eto else ""))
         elif dm is not None and dpo is not None and dpo["method"] == "eto" and _like_dmpo(dpo) is None:
-            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with (ETO has no "
-                       f"iteration {cfg.dmpo_iterations})")
+            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with (no row of ETO's "
+                       f"iteration {cfg.dmpo_iterations} among these)")
         elif dm is not None and dpo is not None:
             if dpo["method"] == "eto":  # the same iteration as the DMPO run's last
                 dpo = _like_dmpo(dpo)
@@ -631,11 +634,13 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     its = f"{cfg.dmpo_iterations} iteration{'s' if cfg.dmpo_iterations > 1 else ''}"
     finish(fig, ax, out / "dmpo_gamma.png", "gamma", f"DMPO reward vs gamma (seen, {its})")
 
+    if "loser_length" not in cfg.methods:  # no study: ETO's and DMPO's rows alone would be lone points
+        (out / "loser_length.png").unlink(missing_ok=True)  # nor a stale one of an earlier run
+        return written
     fig, ax = plt.subplots(figsize=(5, 3.5))
     g = _loser_length_gamma(cfg)
     ks = [f"-k{k}" for k in cfg.truncate_ks]
-    study = "loser_length" in cfg.methods  # else ETO's row alone would be drawn as a lone DPO point
-    for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy") if study else None, "dpo-noisy"),
+    for k, (loss, full, prefix) in enumerate((("DPO", dpo_row("noisy"), "dpo-noisy"),
                                               (f"DMPO gamma={g:g}", seen.get(f"dmpo-g{g:g}-noisy"), f"dmpo-g{g:g}-noisy"))):
         pts = [r for r in [full, *(seen.get(prefix + s) for s in ks)] if r is not None and r.get("loser_turns")]
         pts.sort(key=lambda r: float(r["loser_turns"]))

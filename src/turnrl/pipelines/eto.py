@@ -513,11 +513,11 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     from turnrl.train.core import atomic_write_json
 
     cfg.check()
+    if (model is None) != (expert is None):  # before settings.json is written: a corrected call may follow
+        raise TurnRLError("run_pipeline: model and expert are given together (an agent and its demos), or neither")
     out = Path(out if out is not None else cfg.out)
     given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
-    if (model is None) != (expert is None):
-        raise TurnRLError("run_pipeline: model and expert are given together (an agent and its demos), or neither")
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare
