@@ -294,7 +294,7 @@ def test_train_preference_model_cli_learns_and_resumes(tiny_dir: Path, tmp_path:
 def test_judge_runs_end_to_end_on_tiny(tiny_dir: Path) -> None:
     from turnrl.oracles.judge import JudgeOracle, parse_verdict
 
-    judge = make_oracle(OracleConfig(kind="judge", model=str(tiny_dir), batch_size=4, max_tokens=400))
+    judge = make_oracle(OracleConfig(kind="judge", model=str(tiny_dir), batch_size=4, max_tokens=4000))
     assert isinstance(judge, JudgeOracle) and not judge.symmetric
     trajs = _ttt_trajectories(2)
     m = preference_matrices(judge, {"g": trajs})["g"]
@@ -302,6 +302,7 @@ def test_judge_runs_end_to_end_on_tiny(tiny_dir: Path) -> None:
     # each probability is P(A) of the model's next token after the prompt, read by a plain forward pass
     assert [judge.tok.decode([i]).strip() for i in (judge.token_a, judge.token_b)] == ["A", "B"]
     queries = [("g", trajs[0], trajs[1]), ("g", trajs[1], trajs[0]), ("g", trajs[2], trajs[0])]
+    assert len({len(judge.prompt(*q)) for q in queries}) > 1  # one batch with padding, read at each last real token
     want = []
     for t, a, b in queries:
         with torch.no_grad():

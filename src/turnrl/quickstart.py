@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.agent.prompting import PromptConfig
-from turnrl.collect import run_policy
+from turnrl.collect import _read_episodes, run_policy
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import results_table, summarize
 from turnrl.pipelines.iterative import check_settings
@@ -107,7 +107,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
         build_tiny(tiny, env_names=(ENV,))  # a tic-tac-toe specialist: the whole vocabulary on its text
 
     demos = out / "demos.jsonl"
-    have = sum(1 for line in demos.open("rb") if line.endswith(b"\n")) if demos.is_file() else 0  # a cut line: not done
+    have = len(_read_episodes(demos)) if demos.is_file() else 0  # as the resumed collection counts them
     _say(console, f"[bold]2/5[/bold] collecting {plan.demos} expert games ({ENV}, random opponent)"
          + (" (done)" if have >= plan.demos else f" ({have} done)" if have else ""))
     with progress_bar("expert demos", plan.demos) as advance:

@@ -227,6 +227,9 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError(f"best_of_n must be >= 1 (got {cfg.best_of_n})")
     if cfg.dmpo_iterations < 1:
         raise TurnRLError(f"dmpo_iterations must be >= 1 (got {cfg.dmpo_iterations})")
+    if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.self_play:
+        raise TurnRLError("methods: loser_length cuts expert pairs' losers; pipeline.self_play pairs a task's own "
+                          "samples: drop loser_length or set truncate_ks: []")
     if cfg.pipeline.self_play:  # self-play's first iteration is RFT: a row of one iteration would be RFT's
         for m, n, key in (("eto", cfg.pipeline.iterations, "pipeline.iterations"),
                           ("dmpo", cfg.dmpo_iterations, "dmpo_iterations"),
@@ -246,9 +249,6 @@ def _check(cfg: CompareConfig) -> None:
     for k in cfg.truncate_ks:
         if k < 0:
             raise TurnRLError(f"truncate_ks: losers are cut to the winner's turns plus k, k >= 0 (got {k})")
-    if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.self_play:
-        raise TurnRLError("methods: loser_length cuts expert pairs' losers; pipeline.self_play pairs a task's own "
-                          "samples: drop loser_length or set truncate_ks: []")
     if "loser_length" in cfg.methods and cfg.truncate_ks and cfg.pipeline.pairs in ("step", "takeover"):
         raise TurnRLError(f"methods: loser_length cuts trajectory pairs' losers; pipeline.pairs={cfg.pipeline.pairs} "
                           "has none to cut: drop loser_length or set truncate_ks: []")
