@@ -652,6 +652,30 @@ def test_bandit_eval_with_summary_best_counts_whether_the_word_names_the_arm(mon
     assert "said" not in g.bandit_eval("says-best", env_kd, ids[:2], 16, g.BANDIT_INSTRUCTION)
 
 
+def test_study_training_stages_hold_the_stage_lock(tmp_path: Path, monkeypatch) -> None:
+    """A worker of a killed ``--jobs`` study outlives it and may still train a stage: a rerun's stage
+    takes the stage's lock (waiting for that worker) and only then reads whether the stage is done."""
+    import contextlib
+
+    import turnrl.greedy_study as g
+    import turnrl.pipelines.iterative as it
+
+    held: list[Path] = []
+
+    @contextlib.contextmanager
+    def lock(out: Path, poll: float = 5.0):
+        held.append(out)
+        (out / "summary.json").write_text("{}")  # the other worker finished while we waited
+        yield
+
+    monkeypatch.setattr(it, "stage_lock", lock)
+    for name, call in (("sft", lambda o: g._sft(tmp_path / "data.jsonl", o, 1, 1e-3, 1)),
+                       ("ppo", lambda o: g._ppo(tmp_path / "m", "bandit", o, {}))):
+        (tmp_path / name).mkdir()
+        assert call(tmp_path / name) == tmp_path / name / "model"  # done once the lock was ours: no training
+    assert held == [tmp_path / "sft", tmp_path / "ppo"]
+
+
 def test_study_pools_the_said_counts_of_a_row_over_its_seeds(tmp_path: Path) -> None:
     """A row of several seeds reports the ``said`` counts summed over them; a row without them none."""
     import json
@@ -671,6 +695,10 @@ def test_study_pools_the_said_counts_of_a_row_over_its_seeds(tmp_path: Path) -> 
     rows = aggregate_bandit(tmp_path, 2, BEST_SUMMARY, evals)["rows"]
     assert rows["RLFT"]["said"] == {"Best.": {"replies": 30, "right": 15}, "Untried.": {"replies": 3, "right": 3}}
     assert "said" not in rows["start"]
+    # a row with one seed's evaluation missing (a study still running) is not reported as if complete
+    evals["RLFT"].append(("", None, (str(tmp_path / "missing.json"),)))
+    res = aggregate_bandit(tmp_path, 3, BEST_SUMMARY, evals)
+    assert "RLFT" not in res["rows"] and res["not_run"] == ["RLFT"] and "start" in res["rows"]
 
 
 def test_study_best_summary_design_collects_its_start_and_references(tmp_path: Path) -> None:

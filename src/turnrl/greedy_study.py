@@ -35,8 +35,10 @@ for every row: a one-model row (untrained, SFT) has one evaluation, a trained ro
 seed; the 95% CI is Student-t over the seeds (a point for a one-model row), the pooled CI
 over seeds x instances is reported too, and so is the paired per-instance difference of
 each RLFT row and its starting policy. Tic-tac-toe: greedy games against the random and the
-minimax opponent, a one-model row with the RLFT seeds' opponent seeds, so RLFT seed s and its
-start meet the same opponent stream (the paired difference per seed).
+minimax opponent. Every row plays the same ``ttt_games`` seen games (the task id fixes the
+opponent's moves); the seed 1000 + s only draws the random cell played for an invalid reply, so
+RLFT seed s and its start meet the same games and the same stand-ins (the paired difference per
+seed), and a one-model row's spread over seeds comes from those stand-ins alone.
 
 Compute choices for the tiny model on a shared 2-core CPU (all in :data:`FULL`): a short
 instruction (``instruction``) instead of the env's 170-token one, C = 3 history steps,
@@ -246,22 +248,26 @@ def check_budget(data: Path, budget: int, model: str = "tiny") -> int:
 
 def _sft(data: Path, out: Path, steps: int, lr: float, batch: int, seed: int = 0, epochs: float = 1.0) -> Path:
     """SFT of the tiny model on ``data``: ``steps`` optimizer steps, or ``epochs`` when ``steps`` is 0."""
+    from turnrl.pipelines.iterative import stage_lock
     from turnrl.train.sft import SFTConfig, train_sft
 
-    if not (out / "summary.json").exists():
-        cfg = SFTConfig(history=0, max_steps=steps, epochs=epochs, lr=lr, batch_size=batch, row_tokens=2048,
-                        warmup_ratio=0.05, seed=seed, save_every=50)
-        train_sft("tiny", data, out, cfg, resume=True)
+    with stage_lock(out):  # a worker of a killed study may still train here: wait for it, then skip
+        if not (out / "summary.json").exists():
+            cfg = SFTConfig(history=0, max_steps=steps, epochs=epochs, lr=lr, batch_size=batch, row_tokens=2048,
+                            warmup_ratio=0.05, seed=seed, save_every=50)
+            train_sft("tiny", data, out, cfg, resume=True)
     return out / "model"
 
 
 def _ppo(model: Path, env: str, out: Path, settings: dict[str, Any]) -> Path:
+    from turnrl.pipelines.iterative import stage_lock
     from turnrl.train.ppo import PPOConfig, train_ppo
 
-    if not (out / "summary.json").exists():
-        cfg = PPOConfig(**settings)  # a checkpoint at every iteration's end
-        train_ppo(str(model), env, out, cfg.model_copy(update={"save_every": cfg.ppo_epochs * cfg.minibatches}),
-                  resume=True)
+    with stage_lock(out):  # a worker of a killed study may still train here: wait for it, then skip
+        if not (out / "summary.json").exists():
+            cfg = PPOConfig(**settings)  # a checkpoint at every iteration's end
+            train_ppo(str(model), env, out, cfg.model_copy(update={"save_every": cfg.ppo_epochs * cfg.minibatches}),
+                      resume=True)
     return out / "model"
 
 
@@ -513,7 +519,7 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
     per_instance: dict[str, list[list[float]]] = {}
     for label, all_tasks in evals.items():
         tasks = [t for t in all_tasks if Path(t[2][0]).exists()]
-        if not tasks:
+        if len(tasks) < len(all_tasks):  # a row with some seeds' evaluations missing is not one to report
             result.setdefault("not_run", []).append(label)
             continue
         per_seed = [json.loads(Path(t[2][0]).read_text()) for t in tasks]

@@ -169,6 +169,8 @@ class PPOConfig(TrainConfig):
     #: action (envs reporting ``info["expected_reward"]``: the bandits), the same objective with
     #: less variance
     reward_source: Literal["env", "expected"] = "env"
+    #: + this reward for an action not yet executed in the episode (a bandit's untried arm; where a
+    #: valid action cannot repeat, as in tic-tac-toe, it pays every valid move)
     exploration_bonus: float = 0.0
     epsilon: float = 0.0
     temperature: float = 1.0
