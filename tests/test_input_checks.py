@@ -3,6 +3,7 @@ another run's file under --out. Each is one line on stderr, exit code 2, nothing
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -417,3 +418,18 @@ def test_sft_data_that_is_a_folder_says_so(tmp_path: Path) -> None:
 
     with pytest.raises(TurnRLError, match=r"data: is a directory, not a pairs file$"):
         load_units(tmp_path / "data", None, PreferenceConfig())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("heads=3", "must divide hidden (128) into equal attention heads (got 3)"),
+    ("hidden=0", "must be >= 1 (got 0)"), ("head_hidden=-4", "must be >= 0 (got -4)"),
+    ("max_action_tokens=0", "must be >= 1 (got 0)"), ("max_state_tokens=0", "must be >= 1 (got 0)"),
+])
+def test_critic_sizes_are_checked_up_front(override: str, message: str) -> None:
+    """ArCHer's critic sizes: a traceback deep in the encoder, or (max_state_tokens=0, read as ids[-0:])
+    a critic that silently kept the whole state, before; a one-line error naming the key now."""
+    from turnrl.train.critic import CriticConfig
+
+    key = override.split("=")[0]
+    with pytest.raises(TurnRLError, match=rf"^override '{override}': bad value for '{key}': {re.escape(message)}$"):
+        load_config(CriticConfig, overrides=[override])

@@ -49,6 +49,9 @@ Departures from the paper (and why):
   advantages within each actor batch (:func:`normalize_advantages`): with a critic that is
   still learning, the raw advantages of a batch share one sign (V regresses on the lagging
   target Q), and ``-A log pi`` with a negative mean pushes every sampled reply down.
+* A reply cut by ``max_new_tokens`` is trained with the template's end-of-turn token appended
+  (as in PPO), a token the model did not sample: its log-prob enters the actor's sum and the KL
+  term, so a cut reply teaches the model to end its turn there.
 * ``actor_kl`` (default 0, the paper) adds ``actor_kl * sum_h k3`` over the sampled tokens,
   a KL penalty from the actor to the frozen starting policy (as PPO's ``beta_kl``): with a
   critic that ranks replies little better than chance the actor otherwise drifts into a

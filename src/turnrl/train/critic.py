@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from pydantic import ValidationInfo, field_validator
 from torch import nn
 
+from turnrl.config import Range
 from turnrl.train.core import TrainConfig
 
 
@@ -56,6 +58,19 @@ class CriticConfig(TrainConfig):
     #: Q heads read ``[enc(s); enc(s + a)]`` (state and action encoded together, so attention
     #: can relate them) instead of the paper's ``[enc(s); enc(a)]``
     joint: bool = False
+
+    value_ranges = {**TrainConfig.value_ranges,
+                    **dict.fromkeys(("hidden", "layers", "heads", "intermediate", "max_state_tokens",
+                                     "max_action_tokens"), Range(1)),
+                    "head_hidden": Range(0)}
+
+    @field_validator("heads")
+    @classmethod
+    def _heads_divide_hidden(cls, v: int, info: ValidationInfo) -> int:
+        hidden = info.data.get("hidden")
+        if isinstance(hidden, int) and v >= 1 and hidden % v:
+            raise ValueError(f"must divide hidden ({hidden}) into equal attention heads")
+        return v
 
 
 class TextEncoder(nn.Module):
