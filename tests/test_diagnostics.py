@@ -241,9 +241,10 @@ def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path) -> No
     assert all("knowing_doing" not in r and "frequency_bias" not in r for r in data["policies"])
 
 
-@pytest.mark.smoke
+@pytest.mark.slow  # about 2 minutes of one core; CI runs it (smoke tests are run by hand)
 def test_sft_on_ucb_data_then_diagnose(tiny_dir: Path, tmp_path: Path) -> None:
-    """Collect UCB thought-cloning data, SFT the tiny model on it, diagnose both models."""
+    """Collect UCB thought-cloning data, SFT the tiny model on it, diagnose both models: the one
+    end-to-end check that diagnose tells a trained model from an untrained one."""
     from turnrl.agent.prompting import PromptConfig
     from turnrl.collect import run_policy
     from turnrl.data.io import write_jsonl
