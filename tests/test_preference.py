@@ -215,6 +215,7 @@ def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
     assert [(p.task_id, p.chosen.source, p.rejected.source) for p in pairs] == [
         ("a", "expert", "policy"), ("b", "policy", "expert")]
     assert pairs[0].rejected.num_turns == 3  # winner's 2 turns + k=1
+    assert pairs[0].meta["rejected_return"] == -1.0  # what the loser scored, not its cut part's sum
     assert pairs[1].rejected.num_turns == 1  # shorter than 2 + 1 already: untouched
     assert stats == {"same_return": 1, "no_expert": 1, "pairs": 2}
     bad = [_traj("a", ["3", "3", "3"], -1.0), _traj("c", ["x"], 0.0, valid=False)]

@@ -177,11 +177,12 @@ def trajectory_pairs(
         win, lose = (e, x) if e.return_ > x.return_ else (x, e)
         if not _keep_loser(lose, losers, stats):
             continue
+        lost = lose.return_  # what the loser scored (a cut loser's own return counts its kept turns only)
         if truncate_k is not None:
             lose = truncate_turns(lose, win.num_turns + truncate_k)
         pairs.append(Pair(x.task_id, win, lose, {
             "kind": "trajectory", "diverge_turn": diverge_turn(win, lose),
-            "chosen_return": win.return_, "rejected_return": lose.return_,
+            "chosen_return": win.return_, "rejected_return": lost,
             "chosen_source": win.source, "rejected_source": lose.source, "losers": losers}))
     stats["pairs"] = stats.get("pairs", 0) + len(pairs)
     return pairs
