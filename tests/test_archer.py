@@ -236,6 +236,10 @@ def test_a_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Path)
     done = train_online("archer", str(tiny_dir), "tictactoe", out,
                         cfg.model_copy(update={"save_every": 2, "keep_checkpoints": 3}), resume=True)
     assert done["iterations"] == 2
+    # a finished run answers a resume with another config as a checkpoint would, not with its old result
+    with pytest.raises(Exception, match="config changed since this run finished"):
+        train_online("archer", str(tiny_dir), "tictactoe", out, cfg.model_copy(update={"gamma": 0.9}), resume=True)
+    assert train_online("archer", str(tiny_dir), "tictactoe", out, cfg, resume=True)["iterations"] == 2
 
 
 def _cmd(tiny_dir: Path, out: Path, *extra: str) -> list[str]:

@@ -226,6 +226,19 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path, capsys, monkeypatch) -> 
     assert code == 130 and one_line_error(code, err) == "interrupted"
 
 
+def test_a_folder_that_cannot_be_written_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """An OSError (a read-only folder, a full disk) is the user's environment: one line naming the path,
+    exit 2, not a traceback."""
+    import turnrl.data.io
+
+    def read_only(path: Path) -> None:
+        raise OSError(30, "Read-only file system", "rob/x.jsonl")
+
+    monkeypatch.setattr(turnrl.data.io, "summarize", read_only)
+    code, _, err = run(["data", "validate", str(tmp_path / "x.jsonl")], capsys)
+    assert code == 2 and one_line_error(code, err) == "error: rob/x.jsonl: Read-only file system"
+
+
 def test_a_failed_env_check_exits_1(capsys, monkeypatch) -> None:
     import turnrl.envs.checker
 

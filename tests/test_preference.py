@@ -399,6 +399,21 @@ def test_shared_prefix_and_plain_packing_train_the_same(ttt_pairs, tiny_dir: Pat
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)
 
 
+def test_an_unwritable_reference_cache_is_skipped_in_one_process(ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                                 monkeypatch, caplog) -> None:
+    """The reference log-probs' cache is optional: when TURNRL_HOME cannot be written, one process
+    trains on the log-probs it computed (step 1 at log 2), with a warning."""
+    from turnrl.train import preference
+
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")  # no cache folder can be made under it
+    monkeypatch.setenv("TURNRL_HOME", str(home))
+    cfg = preference.PreferenceConfig(loss="dpo", lr=1e-4, max_steps=1, batch_size=4)
+    preference.train_preference(str(tiny_dir), ttt_pairs[0], tmp_path / "run", cfg)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["loss"] == pytest.approx(math.log(2), abs=1e-5) and "not cached" in caplog.text
+
+
 def test_bf16_reference_is_computed_at_the_policy_precision(ttt_pairs, tiny_dir: Path, tmp_path: Path,
                                                             monkeypatch) -> None:
     """Under mixed precision (CPU bf16 autocast here) the reference pass runs under the same

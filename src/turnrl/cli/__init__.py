@@ -414,6 +414,10 @@ def main(argv: list[str] | None = None) -> None:
     except TurnRLError as e:
         _print_error(str(e))
         sys.exit(e.exit_code)
+    except OSError as e:  # a folder that cannot be written, a full disk: one line, no traceback
+        where = f"{e.filename}: " if e.filename else ""
+        _print_error(f"{where}{e.strerror or e}")
+        sys.exit(2)
     except ValidationError as e:  # a settings object built from an option's value (--temperature inf)
         from turnrl.config import format_validation_error
 

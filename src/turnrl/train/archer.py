@@ -793,6 +793,9 @@ class OnlineRun:
             if done.get("schema") == ONLINE_SUMMARY:
                 if not resume:
                     raise TurnRLError(f"{self.out}: already holds a finished run; choose another --out")
+                if done.get("config_hash") not in (self.config_hash, self.legacy_hash):  # as a checkpoint would
+                    raise TurnRLError(f"{self.out}: the config changed since this run finished; resume with the "
+                                      "same config or choose another --out")
                 return dict(done)
         if ckpts and not resume:
             raise TurnRLError(f"{self.out}: already holds a run; pass --resume to continue it or choose another --out")

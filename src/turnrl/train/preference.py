@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from turnrl.tokenization import ChatFormat, Encoded
 from turnrl.train.core import TrainConfig, Trainer, TrainResult, _make_accelerator, atomic_write_json
 from turnrl.train.forward import pack, pack_shared, token_logps
 from turnrl.train.sft import file_hash
+
+log = logging.getLogger(__name__)
 
 Loss = Literal["dpo", "ipo", "dmpo", "sppo"]
 
@@ -446,7 +449,15 @@ def train_preference(
                 ref.to(acc.device)
             with acc.autocast():  # the precision the policy's first step runs in: its loss starts at log 2
                 refs = compute_reference(ref, group, cfg, pad_id)
-            _save_atomic(refs, cache)
+            try:
+                _save_atomic(refs, cache)
+            except OSError as e:  # the cache is optional: one process goes on with the log-probs it holds
+                if acc.num_processes > 1:
+                    raise TurnRLError(f"{cache}: cannot write the reference log-probs the other processes read "
+                                      f"({e.strerror}); make TURNRL_HOME writable") from None
+                log.warning("%s: reference log-probs not cached (%s)", cache, e.strerror)
+                attach_reference(group, refs)
+                continue
         acc.wait_for_everyone()
         attach_reference(group, torch.load(cache, weights_only=True))
     del ref
