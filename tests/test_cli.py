@@ -238,6 +238,13 @@ def test_a_folder_that_cannot_be_written_is_one_line(tmp_path: Path, capsys, mon
     code, _, err = run(["data", "validate", str(tmp_path / "x.jsonl")], capsys)
     assert code == 2 and one_line_error(code, err) == "error: rob/x.jsonl: Read-only file system"
 
+    def a_bug(path: Path) -> None:  # another OSError is no user error: its traceback stays
+        raise OSError(2, "No such file or directory", "/internal/cache.bin")
+
+    monkeypatch.setattr(turnrl.data.io, "summarize", a_bug)
+    with pytest.raises(FileNotFoundError):
+        main(["data", "validate", str(tmp_path / "x.jsonl")])
+
 
 def test_a_failed_env_check_exits_1(capsys, monkeypatch) -> None:
     import turnrl.envs.checker

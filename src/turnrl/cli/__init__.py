@@ -6,6 +6,7 @@ Every command turns user mistakes into one line on stderr and exit code 2
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -415,8 +416,10 @@ def main(argv: list[str] | None = None) -> None:
         _print_error(str(e))
         sys.exit(e.exit_code)
     except OSError as e:  # a folder that cannot be written, a full disk: one line, no traceback
-        where = f"{e.filename}: " if e.filename else ""
-        _print_error(f"{where}{e.strerror or e}")
+        if e.errno not in _USER_OS_ERRORS:
+            raise  # any other: a bug's traceback
+        paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p)
+        _print_error(f"{paths}: {e.strerror}" if paths else str(e.strerror or e))
         sys.exit(2)
     except ValidationError as e:  # a settings object built from an option's value (--temperature inf)
         from turnrl.config import format_validation_error
@@ -439,6 +442,12 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if isinstance(code, int) and not isinstance(code, bool) and code != 0:
         _exit(code)
+
+
+#: errors of the user's file system (permissions, a read-only or full disk, a file where a folder
+#: goes): one line; any other OSError keeps its traceback
+_USER_OS_ERRORS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+                             errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG})
 
 
 def _exit(code: int | None) -> None:

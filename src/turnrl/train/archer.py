@@ -101,6 +101,7 @@ from turnrl.train.core import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
+    dropout_modules,
     quiet_tied_weight_warning,
     set_seed,
 )
@@ -494,12 +495,22 @@ class OnlineRun:
         if self.accelerator.num_processes > 1:
             raise TurnRLError("the online loop runs in one process; launch it without accelerate's multi-process")
         online = cfg.model_dump(mode="json")
+        # ``dropout`` (added 29 Nov 2026) is hashed only where it changes what trains, as in the trainer
+        # core: turned off in an actor that has dropout, or in the critic; so earlier runs still resume
+        drops = bool(dropout_modules(model)) or (cfg.actor.lora is not None and cfg.actor.lora.dropout > 0)
+        actor_same = cfg.actor.dropout or not drops
+        if actor_same:
+            online["actor"].pop("dropout", None)
+        if cfg.critic.dropout:
+            online["critic"].pop("dropout", None)
         self.run_config = {"algo": algo, "model": self.model_name, "env": env_name, "online": online}
         # a resume may change when it checkpoints (as the trainer core's, docs/training.md)
         cadence = ("save_every", "keep_checkpoints")
+        exempt = frozenset({"dropout"}) if actor_same else frozenset()
         self.config_hash = config_hash(cfg.actor, {**self.run_config, "online": {
-            k: v for k, v in online.items() if k not in cadence}})
-        self.legacy_hash = config_hash(cfg.actor, self.run_config)  # before 28 Nov 2026: cadence hashed too
+            k: v for k, v in online.items() if k not in cadence}}, exempt=exempt)
+        # before 28 Nov 2026 the cadence was hashed too
+        self.legacy_hash = config_hash(cfg.actor, self.run_config, exempt=exempt)
         self.rng = np.random.default_rng([cfg.seed, 7])
         uses_critic = algo in ("archer", "chai")
         uses_actor_trainer = algo in ("archer", "filtered_bc")

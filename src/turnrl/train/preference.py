@@ -373,7 +373,12 @@ def attach_reference(units: Sequence[Unit], refs: Sequence[torch.Tensor]) -> Non
 def _save_atomic(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
+    try:
+        with open(tmp, "wb") as f:  # a file of ours: a failed open or write is an OSError, not torch's RuntimeError
+            torch.save(obj, f)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
