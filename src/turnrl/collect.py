@@ -175,6 +175,7 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
 
     policy_name = policy.name
     settings = policy_settings(policy)
+    rules = invalid_rules(prompt or PromptConfig())
     sampling, fingerprint = settings.get("sampling"), settings.get("model_fingerprint")
     splits = {s.split for s in specs}
     planned = {s.episode_id(env_name): s for s in specs}
@@ -200,7 +201,7 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
         if sampling is not None and theirs_sampling is not None and theirs_sampling != sampling:
             raise TurnRLError(f"{out}: holds episodes sampled with other settings ({json.dumps(theirs_sampling)}; "
                               f"this run: {json.dumps(sampling)}); choose another --out or remove it")
-        theirs_rules, rules = t.meta.get("invalid_rules"), invalid_rules(prompt or PromptConfig())
+        theirs_rules = t.meta.get("invalid_rules")
         if theirs_rules is not None and theirs_rules != rules:
             raise TurnRLError(f"{out}: holds episodes played with other invalid-reply rules ({json.dumps(theirs_rules)}; "
                               f"this run: {json.dumps(rules)}); choose another --out or remove it")

@@ -183,9 +183,14 @@ def _iter_items(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _one_line(path: Path) -> bool:
-    """Whether the file holds one non-blank line."""
+    """Whether the file holds one non-blank line (read up to its second)."""
+    seen = 0
     with open(path, "rb") as f:
-        return sum(1 for raw in f if raw.strip(b" \t\r\n\xef\xbb\xbf")) == 1
+        for raw in f:
+            seen += bool(raw.strip(b" \t\r\n\xef\xbb\xbf"))
+            if seen > 1:
+                return False
+    return seen == 1
 
 
 def _first_line_is_json(path: Path) -> bool:

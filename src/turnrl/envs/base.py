@@ -82,11 +82,13 @@ class TextEnv(abc.ABC):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
             raise TurnRLError(f"{self.name}: reset seed must be an integer (got {seed!r})")
         split = options.get("split", "train")
-        ids = self.task_ids(split)  # an unknown split is an error even beside a task id
-        if "task_id" in options:
+        if "task_id" in options:  # (the sampler's case, every reset: no list of ids is built)
+            if split not in SPLITS:
+                raise TurnRLError(f"{self.name}: unknown split {split!r}; choose from: {', '.join(SPLITS)}")
             if not isinstance(options["task_id"], str):
                 raise TurnRLError(f"{self.name}: task_id must be a string (got {options['task_id']!r})")
             return options["task_id"]
+        ids = self.task_ids(split)
         if seed is not None:
             return ids[int(seed) % len(ids)]
         if self._unseeded is None:

@@ -83,19 +83,14 @@ def model_fingerprint(path: str | Path) -> str:
     safetensors sorts tensors by name, so they hold the embeddings, which a LoRA fine-tune leaves
     as they were. A hub id is fingerprinted by the snapshot of it in the hub cache (the revision
     ``main`` points at), so an update under the same id is another model; an id not in the cache
-    by its name alone. :func:`legacy_model_fingerprint` is the form used before 29 Nov 2026."""
+    by its name alone. :func:`model_fingerprints` also gives the form used before 29 Nov 2026 (files
+    of other suffixes than weights, JSON and text, such as a chat template, by name and size alone;
+    a large weight file by its 64 samples alone), which episodes and checkpoints of that time record."""
     return model_fingerprints(path)[0]
 
 
-def legacy_model_fingerprint(path: str | Path) -> str:
-    """The fingerprint as computed before 29 Nov 2026 (files of other suffixes than weights, JSON
-    and text, such as a chat template, by name and size alone; a large weight file by its 64
-    samples alone), which episodes and checkpoints of that time record: they still resume."""
-    return model_fingerprints(path)[1]
-
-
 def model_fingerprints(path: str | Path) -> tuple[str, str]:
-    """``(model_fingerprint, legacy_model_fingerprint)`` of ``path``, in one pass over its files."""
+    """``(model_fingerprint, the form before 29 Nov 2026)`` of ``path``, in one pass over its files."""
     p = Path(path)
     if not p.is_dir():
         snapshot = _hub_snapshot(str(path))

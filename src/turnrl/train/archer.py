@@ -101,7 +101,7 @@ from turnrl.train.core import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    dropout_modules,
+    has_dropout,
     quiet_tied_weight_warning,
     set_seed,
 )
@@ -497,8 +497,7 @@ class OnlineRun:
         online = cfg.model_dump(mode="json")
         # ``dropout`` (added 29 Nov 2026) is hashed only where it changes what trains, as in the trainer
         # core: turned off in an actor that has dropout, or in the critic; so earlier runs still resume
-        drops = bool(dropout_modules(model)) or (cfg.actor.lora is not None and cfg.actor.lora.dropout > 0)
-        actor_same = cfg.actor.dropout or not drops
+        actor_same = cfg.actor.dropout or not has_dropout(model, cfg.actor)
         if actor_same:
             online["actor"].pop("dropout", None)
         if cfg.critic.dropout:

@@ -276,6 +276,11 @@ def dropout_modules(model: Any) -> list[str]:
     return out
 
 
+def has_dropout(model: Any, cfg: TrainConfig) -> bool:
+    """Whether training ``model`` with ``cfg`` drops anything out: its own modules, or LoRA's."""
+    return bool(dropout_modules(model)) or (cfg.lora is not None and cfg.lora.dropout > 0)
+
+
 def disable_dropout(model: Any) -> None:
     """Set every dropout rate of ``model``'s modules to 0 (see :func:`dropout_modules`); the saved
     config keeps its rates, so a model saved after training drops out as before when trained again."""
@@ -477,7 +482,7 @@ class Trainer:
         self.save_apart = tuple(save_apart)
         # hashed only where it changes what trains: dropout turned off in a model that has some. Kept on
         # (every run before the setting existed) or on a model without dropout, runs resume as before
-        drops = bool(dropout_modules(model)) or (cfg.lora is not None and cfg.lora.dropout > 0)
+        drops = has_dropout(model, cfg)
         exempt = frozenset(hash_exempt) | (frozenset() if drops and not cfg.dropout else frozenset({"dropout"}))
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
         self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}, exempt=exempt)
