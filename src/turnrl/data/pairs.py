@@ -3,7 +3,8 @@
 All builders are pure functions of trajectories; ``turnrl pairs`` reads and writes the files.
 
 * :func:`trajectory_pairs` -- ETO's rule: for each explored trajectory, the expert trajectory
-  of the same game (task and env seed; see :func:`_expert_games`); when their returns differ the higher one is chosen. Optionally the loser
+  of the same task (of the same env seed when the task has several: :func:`expert_games`); when
+  their returns differ the higher one is chosen. Optionally the loser
   is cut to the winner's number of turns plus ``truncate_k``.
 * :func:`step_pairs` -- ETO's step-wise variant: an explored trajectory whose first ``t``
   turns replayed the expert (``meta["expert_turns"] = t``, see ``EpisodeSpec.expert_turns``)
@@ -41,7 +42,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 from turnrl.data.schema import Message, Pair, Trajectory, by_game
 from turnrl.oracles import EnvRewardOracle, score_samples
@@ -128,16 +129,17 @@ def _by_task(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
     return out
 
 
-def _expert_games(experts: Sequence[Trajectory]) -> Callable[[Trajectory], Trajectory | None]:
-    """The expert game an explored game is compared with: the task's expert game of the same env
-    seed (:attr:`Trajectory.game`: the same random moves of the sampler, e.g. for an invalid
-    reply, and the same expert tie-breaks), else the task's last expert game (ETO's one expert
-    trajectory a task; demos collected apart from the exploration, with other seeds)."""
+def expert_games(experts: Sequence[Trajectory]) -> Callable[[tuple[str, Any]], Trajectory | None]:
+    """``find(game)``: the expert game a game ``(task_id, env seed)`` is compared with (the pairs)
+    or replays (ETO's step-wise plan): the task's expert game of the same env seed
+    (:attr:`Trajectory.game`: the same random moves of the sampler, e.g. for an invalid reply, and
+    the same expert tie-breaks), else the task's last expert game (ETO's one expert trajectory a
+    task; demos collected apart from the exploration, with other seeds)."""
     of_game = {e.game: e for e in experts}
     of_task = {e.task_id: e for e in experts}
 
-    def find(x: Trajectory) -> Trajectory | None:
-        return of_game.get(x.game) or of_task.get(x.task_id)
+    def find(game: tuple[str, Any]) -> Trajectory | None:
+        return of_game.get(game) or of_task.get(game[0])
 
     return find
 
@@ -162,12 +164,12 @@ def trajectory_pairs(
 ) -> list[Pair]:
     """ETO's trajectory-level pairs (see the module docstring)."""
     stats = stats if stats is not None else {}
-    expert_of = _expert_games(experts)
+    expert_of = expert_games(experts)
     pairs: list[Pair] = []
     for x in explored:
         if x.meta.get("expert_turns"):
             continue  # a step-wise exploration: see step_pairs
-        e = expert_of(x)
+        e = expert_of(x.game)
         if e is None:
             stats["no_expert"] = stats.get("no_expert", 0) + 1
             continue
@@ -203,13 +205,13 @@ def step_pairs(
 ) -> list[Pair]:
     """ETO's step-wise pairs (see the module docstring)."""
     stats = stats if stats is not None else {}
-    expert_of = _expert_games(experts)
+    expert_of = expert_games(experts)
     pairs: list[Pair] = []
     for x in explored:
         t = int(x.meta.get("expert_turns", 0) or 0)
         if t <= 0:
             continue
-        e = expert_of(x)
+        e = expert_of(x.game)
         if e is None or e.num_turns <= t or x.num_turns <= t:
             stats["no_step"] = stats.get("no_step", 0) + 1
             continue
@@ -240,13 +242,13 @@ def takeover_pairs(
     """Takeover pairs (see the module docstring). A takeover belongs to the explored game of the
     same task and env seed whose first ``replayed_turns`` turns it holds."""
     stats = stats if stats is not None else {}
-    expert_of = _expert_games(experts)
+    expert_of = expert_games(experts)
     takeovers_of = by_game(takeovers)
     pairs: list[Pair] = []
     for x in explored:
         if x.meta.get("expert_turns") or x.meta.get("replayed_turns"):
             continue
-        e = expert_of(x)
+        e = expert_of(x.game)
         if e is None:
             stats["no_expert"] = stats.get("no_expert", 0) + 1
         candidates = [] if e is None else [(0, e)]

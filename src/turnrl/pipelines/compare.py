@@ -443,20 +443,20 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
                 out.append(f"- {r['method']} vs sft (seen): {_versus(r, sft)}")
     from_eto = cfg.dpo_from_eto and cfg.pipeline.losers == "noisy"
     dpo = _row(rows, "eto" if from_eto else "dpo-noisy", "seen")
+    missing_iteration = dpo is not None and dpo["method"] == "eto" and _like_dmpo(dpo) is None
+    if dpo is not None and dpo["method"] == "eto":  # the same iteration as the DMPO run's last
+        dpo = _like_dmpo(dpo)
     if "noisy" in cfg.loser_settings and cfg.dmpo_gammas:
         g = min(cfg.dmpo_gammas)
         dm = _row(rows, f"dmpo-g{g:g}-noisy", "seen")
-        if dm is not None and dpo is None:
+        if dm is not None and missing_iteration:
+            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with (no row of ETO's "
+                       f"iteration {cfg.dmpo_iterations} among these)")
+        elif dm is not None and dpo is None:
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with"
                        + (f" (the DPO baseline is ETO's iteration {cfg.dmpo_iterations}, dpo_from_eto: run eto too)"
                           if from_eto else ""))
-        elif dm is not None and dpo is not None and dpo["method"] == "eto" and _like_dmpo(dpo) is None:
-            out.append(f"- noisy losers, seen: DMPO gamma={g:g} has no DPO row to compare with (no row of ETO's "
-                       f"iteration {cfg.dmpo_iterations} among these)")
         elif dm is not None and dpo is not None:
-            if dpo["method"] == "eto":  # the same iteration as the DMPO run's last
-                dpo = _like_dmpo(dpo)
-                assert dpo is not None
             out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
                        f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
                        + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")

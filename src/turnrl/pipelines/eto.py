@@ -328,13 +328,14 @@ def step_plan(cfg: EtoConfig, specs: list[EpisodeSpec], experts: list[Trajectory
     with ``step_turns=all``, for every one. Indices follow the trajectory episodes' (0..len(specs)-1):
     task j's one random episode is len(specs) + j (as in runs made before ``step_turns``)."""
     rng = random.Random(f"{cfg.plan_seed()}/step/{i}")  # part of the plan, as data_seed fixes it
+    from turnrl.data.pairs import expert_games
+
     # the expert game each episode replays: the one of its env seed (a task the plan visits twice has
-    # two, of other lengths), else the task's last, as the pairs match them (data.pairs)
-    of_game = {t.game: t for t in experts}
-    by_task = {t.task_id: t for t in experts}
+    # two, of other lengths), else the task's last, as the pairs match them
+    expert_of = expert_games(experts)
     plan: list[EpisodeSpec] = []
     for j, s in enumerate(specs):
-        e = of_game.get((s.task_id, s.seed)) or by_task.get(s.task_id)
+        e = expert_of((s.task_id, s.seed))
         if e is None or e.num_turns <= 1:
             continue
         if cfg.step_turns == "random":
