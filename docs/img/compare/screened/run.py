@@ -1,0 +1,108 @@
+"""Issue 9 from screened SFT starts (29 Nov 2026; PREREGISTERED.txt beside this script).
+
+    python docs/img/compare/screened/run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...]
+    python docs/img/compare/screened/run.py list OUT
+
+``run`` takes the candidate SEEDs in the order given. For each: it trains the seed's SFT agent as
+``turnrl compare`` does (CONFIG and the overrides, OUT as its ``out``), reads it greedily on the 400
+validation games ``ttt-s300000`` .. ``ttt-s300399`` (empty board, random-opponent seeds that no split
+holds: not the ``seen`` games of the test), and writes ``OUT/screen/seed-S.json``. A start whose
+validation avg reward lies in [LO, HI) is *accepted*, and the seed's ``turnrl compare`` stages run
+(the config's methods: SFT and SPPO on the ``seen`` games). A seed is not begun after CUT (UTC, HH:MM,
+today). Each stage resumes: a screened seed is not screened again.
+
+``list`` prints every screened seed with its validation reward and whether it was accepted and
+finished, then the accepted and finished seeds on one line, to pass to ``sppo600/paired.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from turnrl.errors import TurnRLError, run_script
+
+if TYPE_CHECKING:
+    from turnrl.pipelines.eto import EtoConfig
+
+USAGE = "run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...] | run.py list OUT"
+FIRST, GAMES = 300000, 400  # the validation games: ttt-s300000 .. ttt-s300399
+
+
+def validation_reward(pipe: EtoConfig, model: str, out: Path) -> float:
+    """Greedy avg reward of ``model`` on the validation games, under the pipeline's prompt and rules."""
+    from turnrl.collect import run_policy
+    from turnrl.rollout import SamplingConfig, load_policy
+    from turnrl.rollout.sampler import EpisodeSpec
+
+    policy = load_policy(model, sampling=SamplingConfig(temperature=0.0, max_new_tokens=pipe.max_new_tokens),
+                         history=pipe.history)
+    specs = [EpisodeSpec(i, "seen", f"ttt-s{FIRST + i}", i) for i in range(GAMES)]
+    trajs = run_policy(policy, pipe.env, split="seen", env_opts=pipe.env_opts, num_envs=pipe.num_envs,
+                       prompt=pipe.prompt(), out=out, specs=specs)
+    if len(trajs) != GAMES:
+        raise TurnRLError(f"{out}: {len(trajs)} validation games, expected {GAMES}")
+    return sum(t.return_ for t in trajs) / GAMES
+
+
+def run(argv: list[str]) -> None:
+    from turnrl.config import load_config
+    from turnrl.pipelines.compare import CompareConfig, _check, run_compare, seed_run
+    from turnrl.pipelines.iterative import check_settings
+    from turnrl.train.core import atomic_write_json
+
+    overrides = [a for a in argv if "=" in a]
+    rest = [a for a in argv if "=" not in a]
+    if len(rest) < 6:
+        raise ValueError("give CONFIG, OUT, LO, HI, CUT and at least one SEED")
+    config, out = rest[0], Path(rest[1])
+    lo, hi = float(rest[2]), float(rest[3])
+    cut = dt.datetime.combine(dt.datetime.now(dt.UTC).date(), dt.time.fromisoformat(rest[4]), dt.UTC)
+    seeds = [int(s) for s in rest[5:]]
+    cfg = load_config(CompareConfig, config, [*overrides, f"out={out}"])
+    _check(cfg)  # what turnrl compare checks before it writes anything
+    check_settings(cfg.out, cfg.model_dump(mode="json", exclude={"out", "seeds", "methods"}))
+    (out / "screen").mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        path = out / "screen" / f"seed-{seed}.json"
+        if not path.is_file():
+            if dt.datetime.now(dt.UTC) > cut:
+                print(f"{seed}: not begun (past {rest[4]} UTC)", flush=True)
+                continue
+            run = seed_run(cfg, seed)  # the seed's demos and SFT agent, as turnrl compare makes them
+            reward = validation_reward(run.pipe, run.sft, out / "screen" / f"seed-{seed}-games.jsonl")
+            atomic_write_json(path, {"seed": seed, "validation": reward, "lo": lo, "hi": hi,
+                                     "accepted": lo <= reward < hi})
+        screen = json.loads(path.read_text())
+        print(f"{seed}: validation {screen['validation']:.4f}, {'accepted' if screen['accepted'] else 'screened out'}",
+              flush=True)
+        if screen["accepted"]:
+            run_compare(cfg.model_copy(update={"seeds": [seed]}))
+
+
+def list_seeds(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise ValueError("give OUT")
+    out = Path(argv[0])
+    finished = []
+    for path in sorted((out / "screen").glob("seed-*.json"), key=lambda p: int(p.stem[5:])):
+        s = json.loads(path.read_text())
+        done = (out / f"seed-{s['seed']}" / "sppo.json.done.json").is_file()
+        print(f"{s['seed']}  {s['validation']:.4f}  {'accepted' if s['accepted'] else '-'}"
+              f"{'  finished' if done and s['accepted'] else ''}")
+        if s["accepted"] and done:
+            finished.append(s["seed"])
+    print("accepted and finished:", " ".join(map(str, finished)))
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in ("run", "list"):
+        raise ValueError("the first argument is run or list")
+    (run if argv[0] == "run" else list_seeds)(argv[1:])
+
+
+if __name__ == "__main__":
+    run_script(main, USAGE, sys.argv[1:])
