@@ -243,6 +243,28 @@ def test_invalid_action_pays_nothing_and_counts() -> None:
     assert terminated and info["regret"] > 0
 
 
+def test_an_invalid_step_costs_the_regret_of_the_worst_arm() -> None:
+    """It pays 0 but is never charged less than the worst pull: on a contextual bandit whose means are
+    all negative at a step, charging 0 would make an invalid action lower the regret. The simulation's
+    ``step_regret`` charges a step with no pull (arm -1) the same."""
+    from turnrl.bandits.simulate import step_regret
+
+    env = envs.make("contextual_bandit")
+    for tid in env.task_ids("seen")[:64]:
+        mu = env.instance(tid).mu
+        t = int(np.argmax(mu.max(axis=-1) < 0)) if (mu.max(axis=-1) < 0).any() else -1
+        if t >= 0:
+            break
+    assert t >= 0, "no step of the first 64 seen tasks has every mean below 0"
+    before = env.reset(options={"task_id": tid})[1]["regret"]
+    for _ in range(t):
+        before = env.step(env.labels_now()[0])[-1]["regret"]
+    _, reward, *_, info = env.step("no such movie")
+    assert reward == 0.0 and info["invalid"]
+    assert info["regret"] - before == pytest.approx(mu[t].max() - mu[t].min())
+    assert step_regret(mu[None, t : t + 1], np.array([[-1]]))[0, 0] == pytest.approx(mu[t].max() - mu[t].min())
+
+
 def test_expert_is_ucb_and_usually_succeeds() -> None:
     env = envs.make("bandit", arms=5, noise="low", horizon=40)
     wins = 0

@@ -325,6 +325,9 @@ def test_linucb_on_the_contextual_bandit_and_collections_are_reproducible() -> N
     b = run_policy(load_policy("linucb"), "contextual_bandit", num_envs=5, **kw)
     assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
     assert all(m.content.startswith("LinUCB values: ") for t in a for m in t.messages if m.role == "assistant")
+    # a context-free algorithm writes the UCB1 values it computes, not under LinUCB's name
+    u = run_policy(load_policy("ucb"), "contextual_bandit", num_envs=1, **kw)
+    assert all(m.content.startswith("UCB values: ") for t in u for m in t.messages if m.role == "assistant")
 
 
 def test_scripted_policy_refuses_other_envs() -> None:

@@ -62,8 +62,14 @@ def test_knowing_doing_by_hand() -> None:
 
 
 def test_frequency_bias_shares_by_hand() -> None:
-    assert classify_context([(0, 1.0), (1, 0.0), (1, 0.0)], 3) == (1, 0)
-    assert classify_context([(0, 1.0), (0, 1.0), (2, 0.0), (2, 0.0), (1, 5.0)], 3) == (0, 1)
+    assert classify_context([(0, 1.0), (1, 0.0), (1, 0.0)], 3) == (1, (0,))
+    assert classify_context([(0, 1.0), (0, 1.0), (2, 0.0), (2, 0.0), (1, 5.0)], 3) == (0, (1,))
+    assert classify_context([(0, 1.0), (0, 1.0), (0, 1.0)], 3) == (0, ())  # the frequent arm is the best
+    # 0/1 rewards: arms 0 and 2 tie for the best mean, so a greedy policy's mass on either is greedy
+    tied = ((0, 1.0), (2, 1.0), (1, 0.0), (1, 0.0))
+    assert classify_context(tied, 3) == (1, (0, 2))
+    greedy = frequency_bias([FBContext(0, 1, tied)], np.array([[0.5, 0.0, 0.5]]), 3, max_repeats=1)
+    assert greedy["shares"] == {"1": [0.0, 1.0, 0.0]}
     p = np.array([0.2, 0.7, 0.1])
     assert entropy(p) == pytest.approx(-(0.2 * math.log(0.2) + 0.7 * math.log(0.7) + 0.1 * math.log(0.1)))
     ctxs = [FBContext(0, 0, ((0, 1.0), (1, 0.0), (1, 0.0))), FBContext(0, 10, ((0, 1.0),) + ((1, 0.0),) * 11)]
@@ -117,6 +123,9 @@ def test_scorer_scores_all_actions_in_one_forward_pass(tiny_model, tiny_tokenize
     s = np.array(alone)
     want = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
     assert np.allclose(probs[-1], want, atol=1e-4)
+    # other braces in the template are text, not format fields
+    braces = ModelScorer(tiny_model, tiny_tokenizer, env, template="ACTION={action} {t}")(ctxs[:1])
+    assert braces.shape == (1, 3) and np.allclose(braces.sum(), 1.0)
 
 
 class FakeEngine:
@@ -133,7 +142,8 @@ class FakeEngine:
         return [Generation(list(self.ids), [0.0] * len(self.ids), True) for _ in prompts]
 
 
-@pytest.mark.parametrize("reply", ["UCB values: blue=inf. blue is untried.\nACTION=red", "no marker at all"])
+@pytest.mark.parametrize("reply", ["UCB values: blue=inf. blue is untried.\nACTION=red", "no marker at all",
+                                   "Greedy would say ACTION=blue, but red is untried.\nACTION=red"])
 def test_scorer_after_the_rationale(tiny_model, tiny_tokenizer, reply: str) -> None:
     import torch
 
@@ -150,7 +160,7 @@ def test_scorer_after_the_rationale(tiny_model, tiny_tokenizer, reply: str) -> N
         hook.remove()
     assert len(calls) == scorer.calls == 2 and len(engine.prompts) == 2  # generation is the engine's
     assert scorer.forced == (0 if "ACTION=" in reply else 2)
-    prefix = reply[: reply.index("ACTION=") + 7] if "ACTION=" in reply else None
+    prefix = reply[: reply.rindex("ACTION=") + 7] if "ACTION=" in reply else None  # the last: the one acted on
     prompt = scorer.prompt(ctxs[0].history)
     if prefix is not None:
         head = prompt + probe.chat.tokenize_text(prefix)
@@ -224,6 +234,10 @@ def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
         (["--fb-step", "0"], "--fb-step must be >= 1 (got 0)"),
         (["--fb-max-repeats", "-1"], "--fb-max-repeats must be >= 0 (got -1)"),
         (["--fb-template", "ACTION"], "--fb-template must contain '{action}' once (got 'ACTION')"),
+        (["--fb-max-repeats", "990"], "--fb-max-repeats must be <= 989 (got 990)"),
+        (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
+        (["--aid", "epsilon-greedy:eps=2"], "aid 'epsilon-greedy': eps must be in [0, 1] (got 2.0)"),
+        (["--aid", "self-consistency:k=0"], "aid 'self-consistency': k must be an integer >= 1 (got 0.0)"),
     ],
 )
 def test_cli_errors_are_one_line(extra: list[str], needle: str, tmp_path: Path, capsys) -> None:

@@ -35,6 +35,9 @@ def test_reset_chooses_the_task_by_task_id_else_by_seed_within_the_split(name: s
     assert all(env.reset(options={"split": "seen"})[1]["task_id"] in seen for _ in range(5))
     with pytest.raises(TurnRLError, match=rf"^{name}: unknown reset option 'spilt'; choose from: split, task_id$"):
         env.reset(seed=0, options={"spilt": "seen"})
+    for bad in (["task_id"], ("split",), "train"):  # options that are no mapping
+        with pytest.raises(TurnRLError, match=rf"^{name}: reset options must be a dict"):
+            env.reset(seed=0, options=bad)  # type: ignore[arg-type]
     # a seed that is no integer, a task id that is no string, a split that does not exist: one line each
     assert env.reset(seed=np.int64(3), options={"split": "seen"})[1]["task_id"] == seen[3 % len(seen)]
     for bad in ("3", 2.5, True):

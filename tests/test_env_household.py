@@ -31,7 +31,7 @@ def test_task_ids_splits_and_errors() -> None:
     env = Household(num_tasks=20)
     assert env.task_ids("train")[:2] == ["hh-train-0", "hh-train-1"] and len(env.task_ids("unseen")) == 4
     assert parse_task("hh-seen-3") == ("seen", 3)
-    for bad in ("hh-test-1", "household-1", 3):
+    for bad in ("hh-test-1", "household-1", 3, "hh-seen-03"):
         with pytest.raises(TurnRLError, match="unknown task id") as e:
             parse_task(bad)
         assert "\n" not in str(e.value)
@@ -101,5 +101,28 @@ def test_games_compile_cache_and_the_walkthrough_wins(home: Path) -> None:
             _, reward, term, _, info = env.step(cmd)
         assert spec.kind == "clean" and reward == 0.0 and not term
         obs, *_ = env.step("dance")
+    finally:
+        env.close()
+
+
+@needs_textworld
+@pytest.mark.slow
+def test_text_that_is_no_listed_command_leaves_the_game_as_it_was(home: Path) -> None:
+    """Only admissible commands reach the interpreter: a chain of the walkthrough's commands in one
+    action used to win the game in one turn, ``quit`` froze it, and a NUL byte hung it."""
+    env = Household(num_tasks=5)
+    try:
+        obs0, info = env.reset(options={"task_id": "hh-train-2"})
+        spec = env._spec
+        assert spec is not None
+        for bad in (". ".join(spec.walkthrough), "quit", "restart", "look\x00", "east"):
+            obs, reward, term, trunc, info = env.step(bad)
+            assert (obs, reward, term, trunc, info["invalid"]) == ("Nothing happens.", 0.0, False, False, True), bad
+        total, term = 0.0, False
+        for cmd in spec.walkthrough:  # the game was not touched: the walkthrough still wins
+            _, reward, term, _, info = env.step(cmd)
+            assert not info["invalid"]
+            total += reward
+        assert term and total == 1.0 and info["success"]
     finally:
         env.close()

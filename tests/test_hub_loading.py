@@ -134,3 +134,24 @@ def test_a_hub_ids_fingerprint_reads_its_cached_snapshot(hf_home: Path, tiny_dir
     weights.write_bytes(bytes(data))
     (repo / "refs" / "main").write_text(new)
     assert run()[0] != by_id
+
+
+@pytest.mark.parametrize("damage", ["cut weights", "config that does not fit"])
+def test_a_damaged_model_folder_is_a_one_line_error(tiny_dir: Path, tmp_path: Path, damage: str) -> None:
+    """safetensors' error for a cut file and torch's RuntimeError for a config the weights do not fit
+    were tracebacks; both are one line naming the model now."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dir, bad)
+    if damage == "cut weights":
+        weights = bad / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100_000])
+    else:
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["hidden_size"] = cfg["hidden_size"] + 4
+        (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TurnRLError, match=rf"^cannot load model '{bad}': .*\(is the folder complete\?\)$") as e:
+        load_model(bad)
+    assert "\n" not in str(e.value)

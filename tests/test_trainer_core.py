@@ -456,6 +456,43 @@ def test_bad_adam_betas_and_lora_modules_are_one_line_errors(tmp_path: Path) -> 
         run(tmp_path, cfg)
 
 
+def test_settings_that_would_change_nothing_are_refused_before_training(tmp_path: Path) -> None:
+    """Keys accepted and then ignored are errors naming them: ``adam_betas`` with SGD, ``eval_every``
+    where the run has nothing to evaluate, a ``lora.modules_to_save`` name no module ends with (peft
+    would train as if it were unset), and fp16 on the CPU (accelerate does no fp16 autocast there)."""
+    from turnrl.config import load_config
+
+    with pytest.raises(TurnRLError, match=r"^config: adam_betas=\[0.5, 0.5\] is an AdamW setting"):
+        load_config(TrainConfig, overrides=["optimizer=sgd", "adam_betas=[0.5,0.5]"])
+    assert load_config(TrainConfig, overrides=["optimizer=sgd", "momentum=0.9"]).adam_betas == (0.9, 0.999)
+    with pytest.raises(TurnRLError, match=r"^eval_every=2: this run has nothing to evaluate on"):
+        run(tmp_path / "e", base_cfg(max_steps=1, eval_every=2))
+    run(tmp_path / "e2", base_cfg(max_steps=1, eval_every=2), eval_fn=lambda m, step: {"x": 1.0})
+    with pytest.raises(TurnRLError, match=r"^lora.modules_to_save: no module of the model is named 'foo'"):
+        run(tmp_path / "m", base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, modules_to_save=["foo"])))
+    if not torch.cuda.is_available():
+        with pytest.raises(TurnRLError, match=r"^train.mixed_precision=fp16 needs a GPU"):
+            run(tmp_path / "h", base_cfg(max_steps=1, mixed_precision="fp16"))
+    assert not any((tmp_path / d).exists() for d in ("e", "m", "h"))
+
+
+@pytest.mark.parametrize("lora", [dict(target_modules=["lm_head"]), dict(target_modules=["q_proj"],
+                                                                        modules_to_save=["embed_tokens"])])
+def test_lora_on_a_tied_embedding_is_refused(tiny_dir: Path, tmp_path: Path, lora: dict[str, Any]) -> None:
+    """The tiny model ties its LM head to its input embeddings: a merged adapter on either would be
+    written into the one shared tensor, so ``model/`` would differ from the trained model. Refused,
+    naming the module; untied models and the default targets train as before."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    with pytest.raises(TurnRLError, match=r"^lora: .*(lm_head|embed_tokens).*share one weight"):
+        Trainer(model, base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, **lora)), tmp_path, make_data(), NLL())
+    untied = build_model()  # LlamaConfig's default: no tying
+    assert untied.get_output_embeddings().weight is not untied.get_input_embeddings().weight
+    Trainer(untied, base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, **lora)), tmp_path / "u", make_data(), NLL())
+    Trainer(AutoModelForCausalLM.from_pretrained(tiny_dir), base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8)),
+            tmp_path / "d", make_data(), NLL())
+
+
 def test_a_rerun_without_checkpoints_drops_the_old_summary_before_training(tmp_path: Path) -> None:
     """``summary.json`` marks a finished run: a resume that has no checkpoint to resume from (they were
     deleted) trains from scratch, so the old summary must not stay beside that run's partial output."""

@@ -140,6 +140,12 @@ def parse_aid(spec: str) -> tuple[str, dict[str, float]]:
             params[key] = float(value)
         except ValueError:
             raise TurnRLError(f"aid '{name}': {key} must be a number (got {value.strip()!r})") from None
+    # the values too, so that a command checks them before any policy plays
+    eps, k = params.get("eps", 0.1), params.get("k", 5)
+    if not 0.0 <= eps <= 1.0:
+        raise TurnRLError(f"aid 'epsilon-greedy': eps must be in [0, 1] (got {eps!r})")
+    if not math.isfinite(k) or k != int(k) or k < 1:
+        raise TurnRLError(f"aid 'self-consistency': k must be an integer >= 1 (got {k!r})")
     return name, params
 
 
@@ -153,10 +159,7 @@ def with_aids(policy: Policy, aids: Sequence[str]) -> Policy:
     epsilon-greedy, then try-all); env aids are ignored here (see :func:`aid_env_options`)."""
     parsed = dict(map(parse_aid, aids))
     if "self-consistency" in parsed:
-        k = parsed["self-consistency"].get("k", 5)
-        if not math.isfinite(k) or k != int(k):
-            raise TurnRLError(f"aid 'self-consistency': k must be an integer (got {k!r})")
-        policy = SelfConsistencyAid(policy, int(k))
+        policy = SelfConsistencyAid(policy, int(parsed["self-consistency"].get("k", 5)))
     if "epsilon-greedy" in parsed:
         policy = EpsilonGreedyAid(policy, parsed["epsilon-greedy"].get("eps", 0.1))
     if "try-all" in parsed:

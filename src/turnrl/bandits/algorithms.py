@@ -9,7 +9,7 @@ keeps its statistics in a :class:`State` and exposes:
   diagnostic reads for scripted policies);
 - ``scores(state, ctx) -> [N, K]``: its internal scores (UCB values, posterior means...);
 - ``ucb(state, ctx) -> [N, K]``: the UCB values it writes in its rationales (UCB1 values
-  with its ``c`` for plain bandits, LinUCB values on contextual bandits);
+  with its ``c``, context-free, on every env; LinUCB's own values for ``linucb``);
 - ``update(state, arms, rewards, ctx)``: learn from the pulls just made.
 
 ``ctx`` is the ``[N, d]`` context of this step (the user's features on a contextual

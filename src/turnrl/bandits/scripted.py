@@ -76,9 +76,11 @@ class ScriptedAgent:
         arm, explored = int(arms[0]), bool(explore[0])
         labels = env.labels_now()
         last = next((a for a, _ in reversed(env.history) if a is not None), None)
+        # the env's name for its values (LinUCB's on the contextual bandit) only where they are what the
+        # algorithm computes: the others' ``ucb`` is context-free UCB1 on every env
+        name = env.values_name if self.algo.name == "linucb" else "UCB"
         text = thought(self.algo.name, labels, ucb.tolist(), arm, counts=state.counts[0].tolist(),
-                       means=state.means()[0].tolist(), explored=explored, values_name=env.values_name,
-                       last_arm=last)
+                       means=state.means()[0].tolist(), explored=explored, values_name=name, last_arm=last)
         return Decision(arm, labels[arm], text, tuple(float(v) for v in ucb), explored)
 
 

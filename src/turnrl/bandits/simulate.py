@@ -107,10 +107,10 @@ def simulate(algo: Algorithm, inst: Instances, seed: int = 0) -> Run:
 
 def step_regret(mu: np.ndarray, arms: np.ndarray) -> np.ndarray:
     """Per-step regret max_a mu[t, a] - mu[t, a_t], [N, H]; a step with no valid pull
-    (arm -1) earns 0, so its regret is max_a mu[t, a]."""
+    (arm -1) is charged as the worst arm, max_a mu[t, a] - min_a mu[t, a] (as the env does)."""
     best = mu.max(axis=-1)
     got = np.take_along_axis(mu, np.maximum(arms, 0)[..., None], axis=-1)[..., 0]
-    return best - np.where(arms >= 0, got, 0.0)
+    return best - np.where(arms >= 0, got, mu.min(axis=-1))
 
 
 def cumulative_regret(run: Run) -> np.ndarray:

@@ -14,16 +14,17 @@ For each policy -- a scripted algorithm (``ucb``, ``thompson``, ``greedy``...) o
   ``ACTION=<label>`` for every label, all labels scored in one batched forward pass; a
   scripted policy's from its internal scores -- its entropy, and the probability mass on
   the *frequent* action (the most frequent in the context, ties to the repeated one), on
-  the *greedy* action (best mean reward in the context, when it is not the frequent one)
-  and on the *other* actions, per repetition bucket (0-10%, 45-55% and 90-100% of
+  the *greedy* actions (every arm of the best mean reward in the context but the frequent
+  one) and on the *other* actions, per repetition bucket (0-10%, 45-55% and 90-100% of
   ``max_repeats``: the paper's 0-10, 45-55, 90-100);
 - **knowing-doing** (plain bandit): at every step the policy's stated UCB values (a model
   writes them in the block of :mod:`turnrl.bandits.rationale`; a scripted policy's are its
   internal ones) against the true UCB values (mean + c·sqrt(ln t / n), inf untried, with
   the env's ``ucb_c``): the rationale is *correct* when the arms it rates highest are
   among the truly highest (within 0.01, the block's rounding); the action is *optimal*
-  when it has the highest true UCB value, else *greedy* when it has the highest true UCB
-  value among the arms tried so far, else *other* (as is a step whose reply was invalid: the
+  when it has the highest true UCB value (within the same 0.01: a policy that acts on its
+  two-decimal block cannot tell such arms apart), else *greedy* when it has the highest true
+  UCB value among the arms tried so far (within 0.01), else *other* (as is a step whose reply was invalid: the
   random arm the sampler played in its stead is not the policy's action). The 2x3 table gives
   % of all steps.
 
@@ -50,6 +51,7 @@ import numpy as np
 from turnrl.bandits.algorithms import Algorithm, argmax_sets, make_algorithm, ucb_values
 from turnrl.bandits.rationale import parse_values
 from turnrl.bandits.simulate import Instances, Run, coverage, cumulative_regret, simulate
+from turnrl.envs.bandit import MAX_HORIZON
 from turnrl.errors import TurnRLError
 from turnrl.stats import mean_ci95
 
@@ -271,9 +273,10 @@ def fb_contexts(env: Any, task_ids: Sequence[str], *, prefixes: int = 16, max_re
     return out
 
 
-def classify_context(history: Sequence[tuple[int, float]], k: int) -> tuple[int, int]:
-    """(frequent arm, greedy arm) of a context: the most frequent arm (ties: the last
-    action if among them, else the lowest index) and the best mean reward (ties: lowest)."""
+def classify_context(history: Sequence[tuple[int, float]], k: int) -> tuple[int, tuple[int, ...]]:
+    """(frequent arm, greedy arms) of a context: the most frequent arm (ties: the last action
+    if among them, else the lowest index) and every other arm of the best mean reward (empty
+    when the frequent arm alone has it; ties are common with 0/1 rewards)."""
     counts = np.zeros(k)
     sums = np.zeros(k)
     for a, r in history:
@@ -283,7 +286,8 @@ def classify_context(history: Sequence[tuple[int, float]], k: int) -> tuple[int,
     last = history[-1][0] if history else int(top[0])
     frequent = last if last in top else int(top[0])
     means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
-    return int(frequent), int(np.argmax(means))
+    best = np.flatnonzero(means >= means.max() - 1e-12)
+    return int(frequent), tuple(int(a) for a in best if a != frequent)
 
 
 def entropy(p: np.ndarray) -> float:
@@ -315,7 +319,7 @@ def frequency_bias(contexts: Sequence[FBContext], probs: np.ndarray, k: int, max
     for c, p in zip(contexts, probs, strict=True):
         frequent, greedy = classify_context(c.history, k)
         f = float(p[frequent])
-        g = float(p[greedy]) if greedy != frequent else 0.0
+        g = float(sum(p[a] for a in greedy))
         ent[c.repeats].append(entropy(p))
         shares[c.repeats].append((f, g, max(0.0, 1.0 - f - g)))
     stats = [mean_ci95(ent[r]) for r in reps]
@@ -397,9 +401,11 @@ class ModelScorer:
             for g in self.engine.generate(prompts[i : i + 16], sampling):
                 ids = [t for t in g.token_ids if t not in stops]
                 cut = None
-                if marker:
+                if marker:  # after the reply's last marker: the sampler acts on the last ACTION=
+                    last = tok.decode(ids, skip_special_tokens=False).count(marker)
                     for j in range(1, len(ids) + 1):
-                        if tok.decode(ids[:j], skip_special_tokens=False).endswith(marker):
+                        text = tok.decode(ids[:j], skip_special_tokens=False)
+                        if last and text.endswith(marker) and text.count(marker) == last:
                             cut = j
                             break
                 if cut is None:
@@ -419,7 +425,7 @@ class ModelScorer:
             prompts = [p + r for p, r in zip(prompts, self._rationales(prompts, marker), strict=True)]
             conts = [self.chat.tokenize_text(lab + rest) for lab in labels]
         else:
-            conts = [self.chat.tokenize_text(self.template.format(action=lab)) for lab in labels]
+            conts = [self.chat.tokenize_text(self.template.replace("{action}", lab)) for lab in labels]
         width = max(len(c) for c in conts)
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         device = next(self.model.parameters()).device
@@ -497,6 +503,10 @@ def _check_cfg(cfg: DiagnoseConfig) -> None:
                               ("--fb-max-repeats", cfg.fb_max_repeats, 0)):
         if value < least:  # checked before any policy plays, not after
             raise TurnRLError(f"{key} must be >= {least} (got {value})")
+    if cfg.fb_max_repeats > MAX_HORIZON - 11:  # the sweep's env plays a prefix of up to 10 and the repeats
+        raise TurnRLError(f"--fb-max-repeats must be <= {MAX_HORIZON - 11} (got {cfg.fb_max_repeats})")
+    if cfg.seed < 0:
+        raise TurnRLError(f"--seed must be >= 0 (got {cfg.seed})")
     if cfg.fb_template.count("{action}") != 1:
         raise TurnRLError(f"--fb-template must contain '{{action}}' once (got {cfg.fb_template!r})")
     if cfg.split not in ("train", "seen", "unseen"):

@@ -51,7 +51,9 @@ regret so far); after a step, ``expected_reward`` (the pulled arm's mean at that
 unknown label: the expected value of the step's reward, which ``turnrl train ppo
 reward_source=expected`` trains on). An episode ends (``terminated``) after ``horizon`` steps; it is a success
 when the arm pulled most often is the best arm. An unknown label pulls nothing, pays 0 and
-counts as a step (``info["invalid"]``).
+counts as a step (``info["invalid"]``); its regret is the worst arm's (the contextual bandit's means
+can all be negative, where paying 0 would beat every arm; the sampler never sends one: it plays a
+valid action for an invalid reply).
 
 The expert is UCB with ``c = ucb_c`` (ties broken with the caller's rng) and its templated
 rationale with its UCB values.
@@ -80,6 +82,8 @@ COLOURS = (
 NOISE_LEVELS = ("low", "medium", "high")
 GAUSSIAN_SIGMA = {"low": 0.1, "medium": 1.0, "high": 3.0}
 BERNOULLI_GAP = {"low": 0.5, "medium": 0.2, "high": 0.1}
+#: the longest ``horizon`` an instance may have
+MAX_HORIZON = 1000
 
 # ---------------------------------------------------------------------------------------
 # option checks shared by the bandit envs
@@ -176,7 +180,7 @@ class BanditEnvBase(TextEnv):
     def __init__(self, *, horizon: int, context: int, summary: bool | str, randomize_labels: bool, rationale: str,
                  ucb_c: float, expert: str) -> None:
         env = self.name
-        self.horizon = check_int(env, "horizon", horizon, 1, 1000)
+        self.horizon = check_int(env, "horizon", horizon, 1, MAX_HORIZON)
         self.context = check_int(env, "context", context, 0, 1000)
         if not (isinstance(summary, bool) or summary in BEST_SUMMARIES):
             raise TurnRLError(f"{env}: summary must be true, false, best or best-kv (got {summary!r})")
@@ -249,7 +253,9 @@ class BanditEnvBase(TextEnv):
         t = len(self.history)
         reward = float(inst.rewards[t, arm]) if arm is not None else 0.0
         expected = float(inst.mu[t, arm]) if arm is not None else 0.0
-        self._regret += float(inst.mu[t].max()) - expected
+        # an invalid step pulls nothing (reward 0) and is charged the regret of the worst arm: never less
+        # (contextual means can all be negative, where 0 would beat every arm)
+        self._regret += float(inst.mu[t].max()) - (expected if arm is not None else float(inst.mu[t].min()))
         self.history.append((arm, reward))
         done = len(self.history) >= self.horizon
         info = self._info(arm=arm, reward=reward, invalid=arm is None)

@@ -75,6 +75,8 @@ class TextEnv(abc.ABC):
         else ``task_ids(options.get("split", "train"))[seed % len]``, or a random task of that
         split when ``seed`` is None. Any other option raises :class:`~turnrl.errors.TurnRLError`
         naming it."""
+        if options is not None and not isinstance(options, dict):
+            raise TurnRLError(f"{self.name}: reset options must be a dict such as {{'task_id': ...}} (got {options!r})")
         options = options or {}
         extra = sorted(set(options) - {"task_id", "split"})
         if extra:

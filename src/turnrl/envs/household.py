@@ -476,7 +476,7 @@ def prebuild(split: str, num_tasks: int = 300, workers: int = 4) -> int:
 
 
 def parse_task(task_id: object) -> tuple[str, int]:
-    m = re.fullmatch(r"hh-(train|seen|unseen)-([0-9]+)", task_id) if isinstance(task_id, str) else None
+    m = re.fullmatch(r"hh-(train|seen|unseen)-(0|[1-9][0-9]*)", task_id) if isinstance(task_id, str) else None
     if m is None:
         raise TurnRLError(f"household: unknown task id {task_id!r}; expected 'hh-<train|seen|unseen>-<n>', "
                           "e.g. 'hh-train-0'")
@@ -551,12 +551,13 @@ class Household(TextEnv):
         self._turns += 1
         cmd = " ".join(action.split()).lower() if isinstance(action, str) else ""
         valid = cmd in self._state.admissible_commands
-        self._state, _, _ = self._env.step(cmd)
-        won = bool(self._state.won)
-        if cmd == "look" or (valid and cmd.startswith("go ")):
-            obs = self._view()
+        if not valid:  # not stepped: the interpreter would run what no listed command does (quit, restart,
+            obs = "Nothing happens."  # a chain of commands, an unlisted direction; a NUL byte hangs it)
         else:
-            obs = _clean_feedback(self._state.feedback) or "Nothing happens."
+            self._state, _, _ = self._env.step(cmd)
+            obs = (self._view() if cmd == "look" or cmd.startswith("go ")
+                   else _clean_feedback(self._state.feedback) or "Nothing happens.")
+        won = bool(self._state.won)
         info = self._info(invalid=not valid)
         if won:
             self._done = True

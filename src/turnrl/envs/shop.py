@@ -411,25 +411,31 @@ def best_options(p: Product, goal: Goal) -> dict[str, str]:
 
 
 @cache
-def _split_ids() -> dict[str, tuple[str, ...]]:
+def _split_ids(dedupe: bool = True) -> dict[str, tuple[str, ...]]:
+    """Goals by split: every fifth goal of the kept categories is ``seen``. A goal that asks for what an
+    earlier goal asks (goals 54 and 66) joins that goal's split; ``dedupe=False`` gives the lists of
+    before that rule, which only the tiny model's corpus reads (its tokenizer was trained on them)."""
     cat = catalogue()
     train: list[str] = []
     seen: list[str] = []
     unseen: list[str] = []
     k = 0
+    first: dict[tuple[Any, ...], list[str]] = {}  # a goal of the same request as an earlier one joins its split
     for g in cat.goals:
         tid = f"shop-{g.index}"
         if g.category in HELD_OUT_CATEGORIES:
             unseen.append(tid)
         else:
-            (seen if k % 5 == 4 else train).append(tid)
+            key = (g.instruction_text, g.attributes, tuple(sorted(g.goal_options.items())), g.price_upper)
+            here = seen if k % 5 == 4 else train
+            (first.setdefault(key, here) if dedupe else here).append(tid)
             k += 1
     return {"train": tuple(train), "seen": tuple(seen), "unseen": tuple(unseen)}
 
 
 def parse_task(task_id: object) -> Goal:
     goals = catalogue().goals
-    m = re.fullmatch(r"shop-([0-9]+)", task_id) if isinstance(task_id, str) else None
+    m = re.fullmatch(r"shop-(0|[1-9][0-9]*)", task_id) if isinstance(task_id, str) else None
     if m is None or int(m.group(1)) >= len(goals):
         raise TurnRLError(f"shop: unknown task id {task_id!r}; expected 'shop-<n>' with 0 <= n < {len(goals)}")
     return goals[int(m.group(1))]
@@ -497,6 +503,11 @@ class Shop(TextEnv):
             raise TurnRLError(f"shop: unknown split {split!r}; choose from: train, seen, unseen")
         return list(ids[split])
 
+    def corpus_task_ids(self, split: str) -> list[str]:
+        """The tasks whose text trained the tiny model's tokenizer: the splits of before 29 Nov 2026."""
+        self.task_ids(split)  # the split's check
+        return list(_split_ids(dedupe=False)[split])
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         task_id = self.choose_task(seed, options)
         self._goal = parse_task(task_id)
@@ -520,7 +531,7 @@ class Shop(TextEnv):
             self._searches += 1
             self._go(_Page("results", keywords=arg, results=self.cat.search(arg)))
         elif kind == "click":
-            target = self._clickables().get(arg.lower())
+            target = self._clickables().get(" ".join(arg.split()).lower())
             if target is None:
                 error = f"there is no {arg!r} to click on this page"
             else:
@@ -612,7 +623,7 @@ class Shop(TextEnv):
         return []
 
     def _clickables(self) -> dict[str, str]:
-        return {label.lower(): label for label in self._labels()}
+        return {" ".join(label.split()).lower(): label for label in self._labels()}
 
     def _click(self, label: str) -> tuple[str, float, bool, bool, dict] | None:
         page = self._page

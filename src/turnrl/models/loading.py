@@ -220,6 +220,11 @@ def training_dtype(mixed_precision: str, lora: bool) -> str:
     return half if half is not None and (deepspeed or lora and torch.cuda.is_available()) else "float32"
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = None) -> Any:
     """``AutoModelForCausalLM`` in ``dtype`` on ``device`` (``None``: left on the CPU for a
     trainer to place). ``auto``: bf16 when ``device`` is a bf16-capable GPU, else float32 --
@@ -234,10 +239,16 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
     else:
         torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                        "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    from safetensors import SafetensorError
+
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as e:
-        raise TurnRLError(f"cannot load model '{name}': {str(e).splitlines()[0]}{_hub_hint(name)}") from None
+        raise TurnRLError(f"cannot load model '{name}': {_first_line(e)}{_hub_hint(name)}") from None
+    except (SafetensorError, RuntimeError) as e:  # a cut weight file; a config.json the weights do not fit
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        raise TurnRLError(f"cannot load model '{name}': {_first_line(e)} (is the folder complete?)") from None
     if device is not None:
         model.to(device)  # type: ignore[arg-type]
     return model

@@ -74,7 +74,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from pydantic import ValidationInfo, field_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 from safetensors.torch import save_file
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -182,6 +182,13 @@ class TrainConfig(Config):
             raise ValueError("is an SGD setting: set optimizer=sgd too")
         return v
 
+    @model_validator(mode="after")
+    def _betas_need_adamw(self) -> TrainConfig:
+        if self.optimizer == "sgd" and "adam_betas" in self.model_fields_set:
+            raise ValueError(f"adam_betas={list(self.adam_betas)} is an AdamW setting, and optimizer=sgd ignores it; "
+                             "leave it out (SGD's is momentum)")
+        return self
+
 
 class Objective(Protocol):
     """What an algorithm plugs into :class:`Trainer`."""
@@ -274,6 +281,37 @@ def dropout_modules(model: Any) -> list[str]:
         elif any(isinstance(getattr(m, a, None), float) and getattr(m, a) > 0 for a in _DROPOUT_RATES):
             out.append(name)
     return out
+
+
+def _tied_embedding(model: Any) -> torch.nn.Parameter | None:
+    """The weight a model's input embeddings and LM head share (``tie_word_embeddings``), else None."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return None
+    inp, out = get_in(), get_out()
+    weight = getattr(inp, "weight", None)
+    return weight if weight is not None and getattr(out, "weight", None) is weight else None
+
+
+def _adapted_with(model: Any, weight: torch.nn.Parameter) -> list[str]:
+    """Modules of a peft ``model`` that LoRA adapts (or trains a copy of) whose base weight is ``weight``.
+
+    Merging such an adapter writes into a tensor that another module shares, so the merged model
+    would change both modules where training changed one."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    names = []
+    for name, m in model.named_modules():
+        if isinstance(m, BaseTunerLayer):
+            base = m.get_base_layer()
+        elif isinstance(m, ModulesToSaveWrapper):
+            base = m.original_module
+        else:
+            continue
+        if getattr(base, "weight", None) is weight:
+            names.append(name.removeprefix("base_model.model."))
+    return names
 
 
 def has_dropout(model: Any, cfg: TrainConfig) -> bool:
@@ -494,6 +532,13 @@ class Trainer:
                 f"train.grad_accum={cfg.grad_accum} under DeepSpeed: its engine steps after every backward; "
                 "set grad_accum=1 and raise batch_size (or the number of processes) instead"
             )
+        if cfg.mixed_precision == "fp16" and acc.device.type == "cpu":
+            raise TurnRLError("train.mixed_precision=fp16 needs a GPU: on the CPU accelerate does no fp16 autocast "
+                              "and would train in float32; use bf16 or no")
+        if cfg.eval_every and eval_fn is None:
+            raise TurnRLError(f"eval_every={cfg.eval_every}: this run has nothing to evaluate on (SFT has no "
+                              "evaluation; preference training evaluates on --eval-pairs, the preference model on "
+                              "--eval-data); set eval_every=0")
         self.num_processes = acc.num_processes
         self.global_batch = cfg.batch_size * cfg.grad_accum * self.num_processes
         self.batches_per_epoch = math.ceil(len(dataset) / self.global_batch)
@@ -506,6 +551,11 @@ class Trainer:
         if cfg.lora is not None and not _is_peft(model):
             from peft import LoraConfig, get_peft_model
 
+            names = [n for n, _ in model.named_modules()]
+            for want in cfg.lora.modules_to_save or []:  # peft matches a name as the end of a module's
+                if not any(n.endswith(want) for n in names):
+                    raise TurnRLError(f"lora.modules_to_save: no module of the model is named {want!r}")
+            tied = _tied_embedding(model)
             try:
                 model = get_peft_model(
                     model,
@@ -521,6 +571,12 @@ class Trainer:
             except ValueError as e:  # peft's: e.g. no module named by lora.target_modules
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise TurnRLError(f"lora.target_modules={cfg.lora.target_modules!r}: {first}") from None
+            if tied is not None and (bad := _adapted_with(model, tied)):
+                raise TurnRLError(
+                    f"lora: {', '.join(bad)}: this model's input embeddings and LM head share one weight "
+                    "(tie_word_embeddings), so a merged model could not hold what LoRA trains there; leave "
+                    "them out of lora.target_modules and lora.modules_to_save, or train without LoRA"
+                )
         if not cfg.dropout:
             disable_dropout(model)
         if cfg.mixed_precision != "no":  # what trains keeps float32 master weights (a half-precision

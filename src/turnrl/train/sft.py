@@ -113,10 +113,13 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
     from turnrl.models.loading import load_model, load_tokenizer, training_dtype
 
     trajs = load_trajectories(data)
-    if cfg.only_success:
-        trajs = [t for t in trajs if t.success]
     if not trajs:
         raise TurnRLError(f"{data}: no trajectories to train on")
+    if cfg.only_success and not any(t.success for t in trajs):
+        raise TurnRLError(f"{data}: none of its {len(trajs)} trajectories succeeded, and only_success=true trains "
+                          "on successful ones only")
+    if cfg.only_success:
+        trajs = [t for t in trajs if t.success]
     tok = load_tokenizer(model_name)
     chat = ChatFormat(tok)
     examples, stats = encode_trajectories(trajs, chat, max_length=cfg.max_length, history=cfg.history)
