@@ -462,11 +462,19 @@ def test_settings_that_would_change_nothing_are_refused_before_training(tmp_path
     would train as if it were unset), and fp16 on the CPU (accelerate does no fp16 autocast there)."""
     from turnrl.config import load_config
 
-    with pytest.raises(TurnRLError, match=r"^config: adam_betas=\[0.5, 0.5\] is an AdamW setting"):
+    with pytest.raises(TurnRLError, match=r"bad value for 'optimizer': SGD ignores adam_betas=\[0.5, 0.5\]"):
         load_config(TrainConfig, overrides=["optimizer=sgd", "adam_betas=[0.5,0.5]"])
     assert load_config(TrainConfig, overrides=["optimizer=sgd", "momentum=0.9"]).adam_betas == (0.9, 0.999)
+    # a nested section is filled with every default: SGD there is fine (ETO's train., ArCHer's actor.)
+    from turnrl.pipelines.eto import EtoConfig
+
+    assert load_config(EtoConfig, overrides=["train.optimizer=sgd"]).train.optimizer == "sgd"
     with pytest.raises(TurnRLError, match=r"^eval_every=2: this run has nothing to evaluate on"):
         run(tmp_path / "e", base_cfg(max_steps=1, eval_every=2))
+    # a run checkpointed before the check (eval_every is in its hash) still resumes, with a warning
+    run(tmp_path / "old", base_cfg(max_steps=4, save_every=2, eval_every=2), eval_fn=lambda m, step: {"x": 1.0})
+    (tmp_path / "old" / "summary.json").unlink()
+    run(tmp_path / "old", base_cfg(max_steps=4, save_every=2, eval_every=2), resume=True)
     run(tmp_path / "e2", base_cfg(max_steps=1, eval_every=2), eval_fn=lambda m, step: {"x": 1.0})
     with pytest.raises(TurnRLError, match=r"^lora.modules_to_save: no module of the model is named 'foo'"):
         run(tmp_path / "m", base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, modules_to_save=["foo"])))
@@ -474,6 +482,23 @@ def test_settings_that_would_change_nothing_are_refused_before_training(tmp_path
         with pytest.raises(TurnRLError, match=r"^train.mixed_precision=fp16 needs a GPU"):
             run(tmp_path / "h", base_cfg(max_steps=1, mixed_precision="fp16"))
     assert not any((tmp_path / d).exists() for d in ("e", "m", "h"))
+
+
+def test_a_model_that_cannot_name_its_embeddings_trains_under_lora() -> None:
+    """transformers' default ``get_input_embeddings`` raises NotImplementedError where it cannot find
+    them (remote-code models): the tied-weight check treats that as untied."""
+    from turnrl.train.core import _tied_embedding
+
+    class NoEmbeddings(torch.nn.Module):
+        def get_input_embeddings(self) -> Any:
+            raise NotImplementedError("not auto-handled")
+
+        def get_output_embeddings(self) -> Any:
+            return None
+
+    assert _tied_embedding(NoEmbeddings()) is None
+    tiny = build_model()
+    assert _tied_embedding(tiny) is None  # LlamaConfig's default: untied
 
 
 @pytest.mark.parametrize("lora", [dict(target_modules=["lm_head"]), dict(target_modules=["q_proj"],

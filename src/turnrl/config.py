@@ -206,7 +206,7 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
     """One line naming the first bad key, with a suggestion for unknown keys."""
     first = err.errors()[0]
     loc = tuple(first.get("loc", ()))
-    key = ".".join(str(p) for p in loc)
+    key = ".".join(str(p) for p in loc) or "<root>"
     if first.get("type") == "extra_forbidden":
         fields = _fields_at(cls, loc) if loc else []
         given = first.get("input")
@@ -216,8 +216,6 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError, source: 
             hint = did_you_mean(str(loc[-1]), fields) if loc else ""
         return f"{source}: unknown key '{key}'{hint}"
     msg = str(first.get("msg")).removeprefix("Value error, ")
-    if not loc:  # a check of several keys together: its message names them
-        return f"{source}: {msg}"
     return f"{source}: bad value for '{key}': {msg} (got {first.get('input')!r})"
 
 

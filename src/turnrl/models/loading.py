@@ -246,7 +246,7 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
     except (OSError, ValueError) as e:
         raise TurnRLError(f"cannot load model '{name}': {_first_line(e)}{_hub_hint(name)}") from None
     except (SafetensorError, RuntimeError) as e:  # a cut weight file; a config.json the weights do not fit
-        if isinstance(e, torch.OutOfMemoryError):
+        if isinstance(e, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):  # torch < 2.5: cuda's
             raise
         raise TurnRLError(f"cannot load model '{name}': {_first_line(e)} (is the folder complete?)") from None
     if device is not None:

@@ -74,7 +74,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import ValidationInfo, field_validator
 from safetensors.torch import save_file
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -182,12 +182,15 @@ class TrainConfig(Config):
             raise ValueError("is an SGD setting: set optimizer=sgd too")
         return v
 
-    @model_validator(mode="after")
-    def _betas_need_adamw(self) -> TrainConfig:
-        if self.optimizer == "sgd" and "adam_betas" in self.model_fields_set:
-            raise ValueError(f"adam_betas={list(self.adam_betas)} is an AdamW setting, and optimizer=sgd ignores it; "
-                             "leave it out (SGD's is momentum)")
-        return self
+    @field_validator("optimizer")
+    @classmethod
+    def _sgd_has_no_betas(cls, v: str, info: ValidationInfo) -> str:
+        # (a nested section is filled with every default, so a default adam_betas cannot tell "not set")
+        betas = info.data.get("adam_betas")
+        if v == "sgd" and betas is not None and tuple(betas) != cls.model_fields["adam_betas"].default:
+            raise ValueError(f"SGD ignores adam_betas={list(betas)}, an AdamW setting: leave it out (SGD's is "
+                             "momentum)")
+        return v
 
 
 class Objective(Protocol):
@@ -288,7 +291,10 @@ def _tied_embedding(model: Any) -> torch.nn.Parameter | None:
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     if get_in is None or get_out is None:
         return None
-    inp, out = get_in(), get_out()
+    try:
+        inp, out = get_in(), get_out()
+    except NotImplementedError:  # transformers' default where it cannot find them (remote-code models)
+        return None
     weight = getattr(inp, "weight", None)
     return weight if weight is not None and getattr(out, "weight", None) is weight else None
 
@@ -536,9 +542,13 @@ class Trainer:
             raise TurnRLError("train.mixed_precision=fp16 needs a GPU: on the CPU accelerate does no fp16 autocast "
                               "and would train in float32; use bf16 or no")
         if cfg.eval_every and eval_fn is None:
-            raise TurnRLError(f"eval_every={cfg.eval_every}: this run has nothing to evaluate on (SFT has no "
-                              "evaluation; preference training evaluates on --eval-pairs, the preference model on "
-                              "--eval-data); set eval_every=0")
+            nothing = (f"eval_every={cfg.eval_every}: this run has nothing to evaluate on (SFT has no evaluation; "
+                       "preference training evaluates on --eval-pairs, the preference model on --eval-data or "
+                       "eval_fraction)")
+            if latest_checkpoint(self.out_dir) is None:
+                raise TurnRLError(f"{nothing}; set it to 0")
+            # eval_every is in the run's hash: a run checkpointed before this check resumes with it
+            logging.getLogger(__name__).warning("%s; it evaluates nothing", nothing)
         self.num_processes = acc.num_processes
         self.global_batch = cfg.batch_size * cfg.grad_accum * self.num_processes
         self.batches_per_epoch = math.ceil(len(dataset) / self.global_batch)
