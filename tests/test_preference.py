@@ -337,7 +337,8 @@ def test_training_raises_heldout_preference_accuracy(loss: str, ttt_pairs, tiny_
     calls = []
     real = preference.compute_reference
     monkeypatch.setattr(preference, "compute_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
-    preference.train_preference(str(tiny_dir), train, tmp_path / "run2", cfg.model_copy(update={"max_steps": 1}))
+    preference.train_preference(str(tiny_dir), train, tmp_path / "run2",
+                                cfg.model_copy(update={"max_steps": 1, "eval_every": 0}))  # no held-out pairs here
     assert calls == []
 
 
