@@ -1,7 +1,7 @@
 """Issue 9 from screened SFT starts (29 Nov 2026; PREREGISTERED.txt beside this script).
 
-    python docs/img/compare/screened/run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...]
-    python docs/img/compare/screened/run.py list OUT
+    python docs/img/compare/screened/run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...] [--accept N]
+    python docs/img/compare/screened/run.py list OUT [--accept N]
 
 ``run`` takes the candidate SEEDs in the order given. For each: it trains the seed's SFT agent as
 ``turnrl compare`` does (CONFIG and the overrides, OUT as its ``out``), reads it greedily on the 400
@@ -11,8 +11,14 @@ validation avg reward lies in [LO, HI) is *accepted*, and the seed's ``turnrl co
 (the config's methods: SFT and SPPO on the ``seen`` games). A seed is not begun after CUT (UTC, HH:MM,
 today). Each stage resumes: a screened seed is not screened again.
 
+``--accept N`` (the second run, ../screened2/PREREGISTERED.txt) caps the test at the N accepted seeds
+with the lowest numbers: a candidate is not begun, and an accepted seed's SPPO is not run, once N seeds
+below it have been accepted. With two processes taking alternate seeds this keeps the test's seeds
+fixed by the screen alone, whichever process is faster.
+
 ``list`` prints every screened seed with its validation reward and whether it was accepted and
-finished, then the accepted and finished seeds on one line, to pass to ``sppo600/paired.py``.
+finished, then the accepted and finished seeds on one line (with ``--accept N``, only the first N
+accepted), to pass to ``sppo600/paired.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from turnrl.errors import TurnRLError, run_script
 if TYPE_CHECKING:
     from turnrl.pipelines.eto import EtoConfig
 
-USAGE = "run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...] | run.py list OUT"
+USAGE = "run.py run CONFIG OUT LO HI CUT SEED [SEED ...] [key=value ...] [--accept N] | run.py list OUT [--accept N]"
 FIRST, GAMES = 300000, 400  # the validation games: ttt-s300000 .. ttt-s300399
 
 
@@ -48,12 +54,36 @@ def validation_reward(pipe: EtoConfig, model: str, out: Path) -> float:
     return sum(t.return_ for t in trajs) / GAMES
 
 
+def _accept_cap(argv: list[str]) -> tuple[list[str], int | None]:
+    """``argv`` without ``--accept N``, and N (None when not given)."""
+    if "--accept" not in argv:
+        return argv, None
+    i = argv.index("--accept")
+    try:
+        cap = int(argv[i + 1])
+    except (IndexError, ValueError):
+        raise ValueError("--accept takes a positive integer") from None
+    if cap < 1:
+        raise ValueError(f"--accept takes a positive integer, not {cap}")
+    return argv[:i] + argv[i + 2:], cap
+
+
+def _screens(out: Path) -> list[dict]:
+    """Every screened seed's record, by seed number."""
+    return sorted((json.loads(p.read_text()) for p in (out / "screen").glob("seed-*.json")), key=lambda s: s["seed"])
+
+
+def _accepted_below(out: Path, seed: int) -> int:
+    return sum(s["accepted"] and s["seed"] < seed for s in _screens(out))
+
+
 def run(argv: list[str]) -> None:
     from turnrl.config import load_config
     from turnrl.pipelines.compare import CompareConfig, _check, run_compare, seed_run
     from turnrl.pipelines.iterative import check_settings
     from turnrl.train.core import atomic_write_json
 
+    argv, cap = _accept_cap(argv)
     overrides = [a for a in argv if "=" in a]
     rest = [a for a in argv if "=" not in a]
     if len(rest) < 6:
@@ -68,6 +98,9 @@ def run(argv: list[str]) -> None:
     (out / "screen").mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         path = out / "screen" / f"seed-{seed}.json"
+        if cap is not None and _accepted_below(out, seed) >= cap:
+            print(f"{seed}: not run ({cap} seeds below it accepted)", flush=True)
+            continue
         if not path.is_file():
             if dt.datetime.now(dt.UTC) > cut:
                 print(f"{seed}: not begun (past {rest[4]} UTC)", flush=True)
@@ -79,21 +112,26 @@ def run(argv: list[str]) -> None:
         screen = json.loads(path.read_text())
         print(f"{seed}: validation {screen['validation']:.4f}, {'accepted' if screen['accepted'] else 'screened out'}",
               flush=True)
-        if screen["accepted"]:
+        if screen["accepted"] and cap is not None and _accepted_below(out, seed) >= cap:
+            print(f"{seed}: accepted, not run ({cap} seeds below it accepted meanwhile)", flush=True)
+        elif screen["accepted"]:
             run_compare(cfg.model_copy(update={"seeds": [seed]}))
 
 
 def list_seeds(argv: list[str]) -> None:
+    argv, cap = _accept_cap(argv)
     if len(argv) != 1:
         raise ValueError("give OUT")
     out = Path(argv[0])
-    finished = []
-    for path in sorted((out / "screen").glob("seed-*.json"), key=lambda p: int(p.stem[5:])):
-        s = json.loads(path.read_text())
+    finished, accepted = [], 0
+    for s in _screens(out):
+        in_test = s["accepted"] and (cap is None or accepted < cap)
+        accepted += s["accepted"]
         done = (out / f"seed-{s['seed']}" / "sppo.json.done.json").is_file()
         print(f"{s['seed']}  {s['validation']:.4f}  {'accepted' if s['accepted'] else '-'}"
-              f"{'  finished' if done and s['accepted'] else ''}")
-        if s["accepted"] and done:
+              f"{'  (beyond the first ' + str(cap) + ')' if s['accepted'] and not in_test else ''}"
+              f"{'  finished' if done and in_test else ''}")
+        if in_test and done:
             finished.append(s["seed"])
     print("accepted and finished:", " ".join(map(str, finished)))
 
