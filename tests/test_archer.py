@@ -494,3 +494,112 @@ def test_first_token_pooling_keeps_the_first_token_of_a_state_cut_from_the_left(
     assert enc(["abcdefgh", "ab"], max_tokens=4).flatten().tolist() == [7.0, 7.0]
     last = TextEncoder(Echo(), Tok(), 1, "last")
     assert last(["abcdefgh"], max_tokens=4).flatten().tolist() == [float(ord("h"))]
+
+
+class _FixedCritic:
+    """Stands in for the online critic in the actor phase: fixed heads per call."""
+
+    def __init__(self, q1: list[float], q2: list[float], v1: list[float], v2: list[float]) -> None:
+        self.out = {k: torch.tensor(v) for k, v in (("q1", q1), ("q2", q2), ("v1", v1), ("v2", v2))}
+
+    def __call__(self, states: list[str], actions: list[str]) -> dict[str, torch.Tensor]:
+        return {k: v[: len(states)] for k, v in self.out.items()}
+
+    def eval(self) -> None:
+        pass
+
+    def train(self) -> None:
+        pass
+
+
+def _wiring_run(algo: str, tiny_dir: Path, tmp_path: Path):
+    from turnrl.train.archer import OnlineRun
+
+    torch.set_num_threads(1)
+    cfg = _overrides([*ENV_ARGS, "critic_steps=1", "critic.batch_size=4", "actor.batch_size=2", "actor_steps=1",
+                      "chai_k=3"])
+    run = OnlineRun(algo, str(tiny_dir), "tictactoe", tmp_path / algo, cfg)  # type: ignore[arg-type]
+    view = [{"role": "system", "content": "sys"}, {"role": "user", "content": "o"}]
+    run.replay.add([
+        {"view": view, "s": "state A", "a": "act A", "r": 0.0, "s2": "state B", "done": 0.0},
+        {"view": view, "s": "state B", "a": "act B", "r": 1.0, "s2": "state B won", "done": 1.0},
+    ])
+    return run
+
+
+def test_critic_phase_feeds_each_transition_its_own_targets(tiny_dir: Path, tmp_path: Path) -> None:
+    """The TD example of a transition holds its r and done, the target V heads at *s'* and the
+    target Q heads at (s, a_hat) -- not at s, not at the replayed a, nor a forced done."""
+    run = _wiring_run("archer", tiny_dir, tmp_path)
+    run.sample_actions = lambda views: [Message("assistant", "A_HAT") for _ in views]  # type: ignore[method-assign]
+    seen: list[CriticExample] = []
+    run.critic_trainer.step_on = lambda ex: seen.extend(ex) or {}  # type: ignore[method-assign,func-returns-value]
+    with torch.no_grad():
+        v_next = {s: [float(x) for x in run.target.v([s])] for s in ("state B", "state B won")}
+        q_hat = {s: [float(x) for x in run.target.q([s], ["A_HAT"])] for s in ("state A", "state B")}
+        q_a = {s: [float(x) for x in run.target.q([s], [a])] for s, a in (("state A", "act A"), ("state B", "act B"))}
+    run.critic_phase()
+    assert len(seen) == 4 and {e.s for e in seen} == {"state A", "state B"}
+    for e in seen:
+        nxt = "state B" if e.s == "state A" else "state B won"
+        assert (e.a, e.r, e.done) == (("act A", 0.0, 0.0) if e.s == "state A" else ("act B", 1.0, 1.0))
+        assert [e.target_v1_next, e.target_v2_next] == pytest.approx(v_next[nxt], abs=1e-6)
+        assert [e.target_q1_hat, e.target_q2_hat] == pytest.approx(q_hat[e.s], abs=1e-6)
+        assert [e.target_q1_hat, e.target_q2_hat] != pytest.approx(q_a[e.s], abs=1e-6)
+
+
+def test_actor_phase_weights_replies_by_min_q_minus_min_v(tiny_dir: Path, tmp_path: Path) -> None:
+    run = _wiring_run("archer", tiny_dir, tmp_path)
+    run.critic = _FixedCritic(q1=[1.0, 0.5], q2=[0.8, 0.9], v1=[0.3, 0.7], v2=[0.6, 0.2])  # type: ignore[assignment]
+    seen: list = []
+    run.actor_trainer.step_on = lambda ex: seen.extend(ex) or {}  # type: ignore[method-assign,func-returns-value]
+    run.actor_phase()
+    # value = min(q1, q2); baseline = value - advantage = min(v1, v2) (advantage_norm none)
+    assert [x for e in seen for x in (e.value, e.baseline)] == pytest.approx([0.8, 0.3, 0.5, 0.2], abs=1e-6)
+
+
+def test_chai_critic_targets_the_reply_it_would_act_with(tiny_dir: Path, tmp_path: Path) -> None:
+    """CHAI's a_hat is the best of chai_k actor samples by the target critic's min Q (the authors'
+    CHAIAgent.get_action), not one plain sample."""
+    run = _wiring_run("chai", tiny_dir, tmp_path)
+    calls: list[int] = []
+
+    def sample(views):
+        calls.append(len(views))
+        return [Message("assistant", f"c{i % 3}") for i in range(len(views))]
+
+    run.sample_actions = sample  # type: ignore[method-assign]
+    run.target_min_q = lambda states, acts: torch.tensor(  # type: ignore[method-assign]
+        [{"c0": 0.1, "c1": 0.9, "c2": 0.5}[a] for a in acts])
+    batch = [run.replay.items[0], run.replay.items[1]]
+    assert run.critic_actions(batch) == ["c1", "c1"] and calls == [6]
+
+
+def test_online_steps_train_in_training_mode_and_name_the_loop_checkpoint(tiny_dir: Path, tmp_path: Path) -> None:
+    """A step runs in training mode whatever mode the phases before it left (dropout on every
+    step, and the same on a resume); a non-finite step names the update and the loop's
+    checkpoint; the actor's final save leaves summary.json to the loop, which writes it last."""
+    run = _wiring_run("archer", tiny_dir, tmp_path)
+    ct = run.critic_trainer
+    modes: list[bool] = []
+    ct._optimizer_step = lambda step: modes.append(ct.model.training) or {}  # type: ignore[method-assign,func-returns-value]
+    run.critic.eval()
+    ct.step_on([None] * ct.examples_per_step)
+    assert modes == [True]
+    assert "critic update" in str(ct._non_finite("loss", 0)) and "(none)" in str(ct._non_finite("loss", 0))
+    run.save_checkpoint()
+    assert "(iter-000000)" in str(run.actor_trainer._non_finite("gradient norm", 4))
+    run.actor_trainer._save_final(0.0, 0.0, summary=False)
+    assert (run.out / "model" / "config.json").is_file() and not (run.out / "summary.json").exists()
+
+
+def test_td_targets_keep_float32_under_bf16_heads() -> None:
+    from turnrl.losses import archer_q_loss, archer_v_loss
+
+    q = torch.tensor([0.5, 1.0], dtype=torch.bfloat16)
+    reward, done = torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0])
+    v_next = torch.tensor([1.2345678, 3.0])
+    _, m = archer_q_loss(q, q, reward, done, v_next, v_next, gamma=0.95)
+    assert m["target_q1"].dtype == torch.float32 and m["target_q1"][0].item() == pytest.approx(0.95 * 1.2345678, abs=1e-6)
+    _, m = archer_v_loss(q, q, v_next, v_next)
+    assert m["target_v1"].dtype == torch.float32 and m["target_v1"][0].item() == pytest.approx(1.2345678, abs=1e-6)

@@ -21,9 +21,12 @@ playable = pytest.mark.skipif(
 
 
 def test_demangle_and_thoughts() -> None:
-    ids = ["Mug_bar__plus_01_dot_2", "Mug_bar__minus_00_dot_3", "CounterTop_bar__plus_00", "agent1"]
-    assert demangle(ids) == {"Mug_bar__minus_00_dot_3": "mug 1", "Mug_bar__plus_01_dot_2": "mug 2",
-                             "CounterTop_bar__plus_00": "countertop 1", "agent1": "agent1"}
+    # as ALFWorld's Demangler: the first id in sorted order takes the kind's highest number
+    ids = ["Mug_bar__plus_01_dot_2", "Mug_bar__minus_00_dot_3", "CounterTop_bar__plus_00", "agent1",
+           "Sink_bar__plus_00_dot_1", "Sink_bar__plus_00_dot_1_bar_basin"]
+    assert demangle(ids) == {"Mug_bar__minus_00_dot_3": "mug 2", "Mug_bar__plus_01_dot_2": "mug 1",
+                             "CounterTop_bar__plus_00": "countertop 1", "agent1": "agent1",
+                             "Sink_bar__plus_00_dot_1": "sink 1", "Sink_bar__plus_00_dot_1_bar_basin": "sinkbasin 1"}
     assert _thought("take mug 1 from desk 1") == "I take the mug 1 from the desk 1."
     assert _thought("put mug 1 in/on cabinet 2") == "I put the mug 1 in the cabinet 2."
 

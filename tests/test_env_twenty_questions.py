@@ -175,6 +175,11 @@ def test_expert_collection_through_the_sampler(name: str) -> None:
     ("twenty_questions", "Is it red or round?", ["20q-apple", "20q-orange", "20q-banana", "20q-grape"]),
     ("twenty_questions", "Is it red but not round?", ["20q-apple", "20q-banana"]),
     ("guess_my_city", "Is it on the coast or in Europe?", ["city-london", "city-paris", "city-dublin", "city-tokyo"]),
+    ("guess_my_city", "Is it on the coast of the United States?", ["city-chicago", "city-new-york", "city-paris"]),
+    ("guess_my_city", "Is the city in the United States and on the coast?", ["city-chicago", "city-new-york"]),
+    ("guess_my_city", "Is it not in Europe?", ["city-paris", "city-tokyo"]),
+    ("twenty_questions", "Is it not an animal?", ["20q-dog", "20q-apple"]),
+    ("twenty_questions", "Is it a big animal?", ["20q-dog", "20q-elephant", "20q-apple"]),
 ])
 def test_a_compound_question_is_refused_whatever_the_secret(env_name: str, question: str, secrets: list[str]) -> None:
     """Whether a free-text question is two questions in one is read from its words: the refusal does
@@ -187,3 +192,15 @@ def test_a_compound_question_is_refused_whatever_the_secret(env_name: str, quest
         replies.add((obs.split(".")[0], info["invalid"]))
     assert replies == {("Please ask one question at a time", True)}
 
+
+
+@pytest.mark.parametrize(("secret", "guess"), [("city-cape-town", "Is it Cape Town, South Africa?"),
+                                               ("city-paris", "Is it Paris in France?"),
+                                               ("city-chicago", "Is it Chicago, United States?")])
+def test_a_guess_may_name_the_citys_country(secret: str, guess: str) -> None:
+    env = envs.make("guess_my_city", free_text=True)
+    env.reset(options={"task_id": secret})
+    _, reward, terminated, _, info = env.step(guess)
+    assert terminated and reward == 0.0 and info["success"]
+    env.reset(options={"task_id": "city-tokyo"})  # a wrong guess is a wrong guess, not a question
+    assert env.step(guess)[0].startswith("No, it is not")

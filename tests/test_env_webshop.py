@@ -105,6 +105,15 @@ def test_page_parser_reads_webshop_structure() -> None:
     assert page.observation().startswith("Instruction: i need a red hat [SEP] Back to Search")
 
 
+def test_a_stray_end_tag_does_not_end_a_hidden_block() -> None:
+    """WebShop's done page hides the goal in a display:none div whose <h4> is closed by </p>."""
+    html = """<html><body><div style="display:none"><h4 id="asin">asin<pre>B0GOAL</pre></p>
+      <h4>attrs<pre>['red']</pre></h4></div><h3 id="reward">Your score<pre>0.5</pre></h3></body></html>"""
+    page = parse_page(html, "http://h:1/abc")
+    assert "B0GOAL" not in page.observation() and "attrs" not in page.observation()
+    assert page.reward == 0.5 and "Your score" in page.observation()
+
+
 def test_unreachable_server_is_a_one_line_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -188,6 +188,22 @@ def test_a_hung_worker_times_out() -> None:
         env.close()
 
 
+def test_a_killed_worker_reports_its_exit_code_and_the_episode_then_ends() -> None:
+    env = ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0}, timeout=20, start_method="fork")
+    try:
+        env.reset(options={"task_id": "seen-0"})
+        os.kill(env.worker_pid or 0, signal.SIGKILL)
+        time.sleep(0.2)
+        _, _, term, trunc, info = env.step("+1")
+        assert trunc and not term and info["outcome"] == "env_error"
+        assert "exit code -9" in info["error"], info["error"]
+        with pytest.raises(TurnRLError, match="the episode is over"):  # as every env after its last step
+            env.step("+1")
+        assert env.reset(options={"task_id": "seen-1"})[0] == "at 0"
+    finally:
+        env.close()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not scienceworld_available(), reason="needs the scienceworld package and Java")
 def test_scienceworld_in_worker_processes(tmp_path: Path) -> None:

@@ -553,3 +553,48 @@ def test_cli_sppo_eta_must_be_positive_and_finite(tmp_path: Path, tiny_dir: Path
                         "--out", str(tmp_path / "o"), f"eta={eta}", "max_steps=1"], capsys)
     assert "eta" in one_line_error(code, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_pair_cut_to_the_same_tokens_on_both_sides_is_skipped_and_counted(tiny_tokenizer, tmp_path: Path) -> None:
+    """max_length may cut both sides before the turn where they part: no preference is left in
+    the pair (a DPO margin of 0 whatever the model), so it is not trained on and says so."""
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.preference import PreferenceConfig, load_units
+
+    chat = ChatFormat(tiny_tokenizer)
+
+    def traj(last: str, ret: float) -> Trajectory:
+        msgs = [Message("system", "Play tic-tac-toe."), Message("user", "Board: empty. " * 10),
+                Message("assistant", "Action: 4", action="4"), Message("user", "Opponent played 0. " * 10),
+                Message("assistant", "Action: 8", action="8"), Message("user", "Opponent played 2. " * 10),
+                Message("assistant", f"Action: {last}", action=last)]
+        return Trajectory(id=f"t{last}", env="tictactoe", task_id="g", messages=msgs, rewards=[0, 0, ret], return_=ret)
+
+    win, loss = traj("1", 1.0), traj("5", -1.0)
+    write_jsonl(tmp_path / "pairs.jsonl", [Pair("g", win, loss, {}), Pair("g", win, loss, {})])
+    full = chat.encode(win.messages)
+    assert full is not None
+    end1 = max(i for i, t in enumerate(full.turn_index) if t == 1) + 1
+    units, stats = load_units(tmp_path / "pairs.jsonl", chat, PreferenceConfig(max_length=len(full.input_ids)))
+    assert len(units) == 2 and stats["skipped_identical"] == 0
+    with pytest.raises(Exception, match="cut by it to the same tokens on both sides"):
+        load_units(tmp_path / "pairs.jsonl", chat, PreferenceConfig(max_length=end1 + 5))
+
+
+def test_trainers_keep_replies_that_stopped_on_the_generation_configs_eos(tiny_dir: Path, tiny_tokenizer) -> None:
+    """A reply that stopped on an EOS id of the generation config (not the tokenizer's) keeps its
+    sampled ids in SFT and preference training, as the sampler saw them: later turns are trained
+    on the context they were sampled in."""
+    from transformers import GenerationConfig
+
+    from turnrl.rollout.policies import training_chat
+
+    chat = training_chat(str(tiny_dir), tiny_tokenizer)
+    gen_eos = GenerationConfig.from_pretrained(tiny_dir).eos_token_id
+    extra = [e for e in ([gen_eos] if isinstance(gen_eos, int) else gen_eos) if e != tiny_tokenizer.eos_token_id]
+    assert extra and set(extra) <= set(chat.stop_token_ids)
+    content = "Action: 4"
+    odd = [t for ch in content for t in tiny_tokenizer(ch, add_special_tokens=False)["input_ids"]]
+    assert odd != chat.tokenize_text(content)  # a tokenization the re-encoding would not give
+    ids, reencoded = chat.agent_ids(content, chat.eot_text, [*odd, extra[0]])
+    assert not reencoded and ids[: len(odd)] == odd

@@ -303,3 +303,47 @@ def test_system_message_a_template_leaves_out_is_folded(tiny_tokenizer) -> None:
     a_idx = [i for i, m in enumerate(MESSAGES) if m.role == "assistant"]
     for turn, i in enumerate(a_idx):
         assert enc.input_ids[: enc.turn_index.index(turn)] == chat.prompt_ids(MESSAGES[:i])
+
+
+# meta-llama/Llama-2-7b-chat-hf's chat template: takes a system message, raises when roles do not alternate
+LLAMA2_HF = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def test_a_template_error_does_not_fold_the_system_message_for_good(tiny_tokenizer) -> None:
+    """Only a template that rejects the system role folds it into the first user message; another
+    error (roles that do not alternate) leaves later conversations rendered as before."""
+    tok = styled(tiny_tokenizer, "llama2")
+    tok.chat_template = LLAMA2_HF
+    chat = ChatFormat(tok)
+    before = chat.encode(MESSAGES)
+    bad = [MESSAGES[0], MESSAGES[1], Message("user", "an extra observation"), *MESSAGES[2:]]
+    with pytest.raises(TurnRLError, match="roles must alternate"):
+        chat.encode(bad)
+    after = chat.encode(MESSAGES)
+    assert before is not None and after is not None and before.input_ids == after.input_ids
+    assert "<<SYS>>" in tok.decode(after.input_ids)
+
+
+@pytest.mark.parametrize("style", ["llama2", "deepseek_coder"])
+def test_a_stop_token_sampled_without_the_markers_whitespace_is_trained_as_sampled(tiny_tokenizer, style: str) -> None:
+    """Llama-2's end-of-turn marker is " </s>": a model that stops with "</s>" right after its
+    content is trained on exactly those ids, not on a whitespace token it never sampled."""
+    tok = styled(tiny_tokenizer, style)
+    chat = ChatFormat(tok)
+    content = "Thought: ok\nAction: 4"
+    assert chat.eot_text[:1].isspace()
+    sampled = [*chat.tokenize_text(content), chat.tokenize_text(chat.eot_text.strip())[-1]]
+    enc = chat.encode([*MESSAGES[:2], Message("assistant", content, token_ids=sampled)])
+    assert enc is not None and enc.reencoded_turns == 0
+    assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled

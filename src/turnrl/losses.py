@@ -578,9 +578,11 @@ def archer_q_loss(
                     ("target_v2_next", target_v2_next)):
         _same_shape("q1", q1, name, x)
     _ndim("q1", q1, 1)
-    not_done = 1.0 - done.to(q1.dtype)
-    y1 = (reward.to(q1.dtype) + gamma * not_done * target_v1_next.to(q1.dtype)).detach()
-    y2 = (reward.to(q1.dtype) + gamma * not_done * target_v2_next.to(q1.dtype)).detach()
+    work = _acc_dtype(q1.dtype)  # targets and errors in at least float32 (bf16 heads under autocast)
+    q1, q2 = q1.to(work), q2.to(work)
+    not_done = 1.0 - done.to(work)
+    y1 = (reward.to(work) + gamma * not_done * target_v1_next.to(work)).detach()
+    y2 = (reward.to(work) + gamma * not_done * target_v2_next.to(work)).detach()
     losses = (q1 - y1) ** 2 + (q2 - y2) ** 2
     metrics = {"q1": q1.detach(), "q2": q2.detach(), "target_q1": y1, "target_q2": y2,
                "td_error1": (q1 - y1).detach()}
@@ -611,7 +613,9 @@ def archer_v_loss(
     for name, x in (("v2", v2), ("target_q1", target_q1), ("target_q2", target_q2)):
         _same_shape("v1", v1, name, x)
     _ndim("v1", v1, 1)
-    t1, t2 = target_q1.to(v1.dtype).detach(), target_q2.to(v1.dtype).detach()
+    work = _acc_dtype(v1.dtype)
+    v1, v2 = v1.to(work), v2.to(work)
+    t1, t2 = target_q1.to(work).detach(), target_q2.to(work).detach()
     if use_min:
         t1 = t2 = torch.minimum(t1, t2)
     losses = (v1 - t1) ** 2 + (v2 - t2) ** 2

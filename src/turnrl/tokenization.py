@@ -133,9 +133,13 @@ class ChatFormat:
             text = self.tokenizer.apply_chat_template(msgs, **kwargs)
         except Exception as e:  # templates raise their own errors (e.g. "system role not supported")
             if not self._fold_system and msgs and msgs[0]["role"] == "system":
+                try:  # folded for good only if folding is what the template wanted
+                    text = self.tokenizer.apply_chat_template(_fold_system(messages), **kwargs)
+                except Exception:
+                    raise TurnRLError(f"the chat template failed to render the conversation: {e}") from None
                 self._fold_system = True
-                return self._apply(messages, add_generation_prompt)
-            raise TurnRLError(f"the chat template failed to render the conversation: {e}") from None
+            else:
+                raise TurnRLError(f"the chat template failed to render the conversation: {e}") from None
         if not isinstance(text, str):  # some versions return a list for batched input
             text = text[0]
         return str(text)
@@ -261,6 +265,10 @@ class ChatFormat:
                     return ids, False
             elif body and body[-1] in self.stop_token_ids:
                 body = body[:-1]
+                # the marker's last token sampled without the marker's leading whitespace (Llama-2's
+                # "</s>" for " </s>"): trained as sampled, not with a whitespace token it never sampled
+                if eot_ids and ids[-1] == eot_ids[-1] and self.tokenizer.decode(body, skip_special_tokens=False) == content:
+                    return ids, False
             if self.tokenizer.decode(body, skip_special_tokens=False) == content:
                 return body + eot_ids, False
             return self.tokenize_text(content) + eot_ids, True

@@ -12,7 +12,7 @@ them with TextWorld's PDDL backend (``pip install 'turnrl[alfworld]'``, which bu
   (the seen / unseen evaluation sets ETO reports). A task id is the game's directory
   relative to ``json_2.1.1`` (``valid_seen/pick_and_place_simple-Mug-None-Desk-308/trial_T2019...``).
 - Object names are demangled as ALFWorld does (``Mug_bar__minus_00_dot_39...`` becomes
-  ``mug 1``, numbered per kind in id order).
+  ``mug 3``: numbered per kind, the ids in sorted order from the kind's count down to 1).
 - Observations are the game's text; the first one is ALFWorld's intro ("You are in the
   middle of a room... Your task is to: put a clean mug in coffeemachine."), whose task
   line is also the instruction's. ``valid_actions`` are the game's admissible commands.
@@ -32,7 +32,7 @@ import importlib.util
 import os
 import random
 import re
-from collections import defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +58,23 @@ def available() -> bool:
 
 
 def demangle(ids: list[str]) -> dict[str, str]:
-    """ALFWorld's object names: ``Mug_bar__minus_00_dot_39...`` -> ``mug 1``, numbered per
-    kind in sorted id order; ids without ``_bar_`` keep their name."""
+    """ALFWorld's object names: ``Mug_bar__minus_00_dot_39...`` -> ``mug 3``, as ALFWorld's
+    ``Demangler`` names them: per kind (an id with ``basin`` in it adds ``basin`` to its kind),
+    the ids in sorted order take the numbers from the kind's count down to 1; ids without
+    ``_bar_`` keep their name."""
+    def kind(ident: str) -> str:
+        name = ident.split("_bar_", 1)[0]
+        return (name + "basin" if "basin" in ident else name).lower()
+
+    left = Counter(kind(i) for i in ids if "_bar_" in i)
     out: dict[str, str] = {}
-    counts: dict[str, int] = defaultdict(int)
     for ident in sorted(ids):
         if "_bar_" not in ident:
             out[ident] = ident
             continue
-        kind = ident.split("_bar_")[0].lower()
-        counts[kind] += 1
-        out[ident] = f"{kind} {counts[kind]}"
+        k = kind(ident)
+        out[ident] = f"{k} {left[k]}"
+        left[k] -= 1
     return out
 
 

@@ -95,6 +95,11 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
+#: words that make a question compound or negated ("not in Europe", "in Asia or Africa"): free text
+#: with them is refused, since no listed question's answer answers it
+_COMPOUND = frozenset("not no nor neither either never or and but isnt doesnt dont cant arent wasnt".split())
+
+
 def _content(text: str) -> frozenset[str]:
     return frozenset(_stem(w) for w in _norm(text).split() if w not in _STOP)
 
@@ -129,6 +134,12 @@ class QAGame(TextEnv):
             for t in (q.text, *q.aliases):
                 self._exact.setdefault(_norm(t), q)
         self._loose = [(q, _content(q.text)) for q in self.questions]
+        # a question's own words (its text and aliases), and every word some question is asked with
+        self._loose_words = {id(q): frozenset().union(*(_content(t) for t in (q.text, *q.aliases)))
+                             for q in self.questions}
+        self._known = frozenset().union(*self._loose_words.values())
+        # compound words that a listed question itself uses ("eat or drink") do not make a text compound
+        self._compound = _COMPOUND - {w for q in self.questions for t in (q.text, *q.aliases) for w in _norm(t).split()}
         self._names: dict[str, Item] = {}
         for it in self.items:
             for n in (it.name, *it.aliases):
@@ -264,14 +275,18 @@ class QAGame(TextEnv):
             return "guess", f"No, it is not {guess.phrase}.", guess
         q = self._exact.get(norm)
         if q is None and norm:
+            if self._compound & set(norm.split()):  # "not", "and", "or": no listed question's answer
+                return "unknown", "Please ask one question at a time.", None  # answers these
             words = _content(text)
-            hits = [(q2, len(c)) for q2, c in self._loose if c and c <= words]
+            hits = [(q2, c) for q2, c in self._loose if c and c <= words]
             if hits:
-                top = max(n for _, n in hits)
-                tied = [q2 for q2, n in hits if n == top]
-                # ambiguous by its words alone: whether the answers of the parts agree for this secret
-                # must not decide it, or the refusal itself would tell about the secret
-                if len(tied) > 1:
+                top = max(len(c) for _, c in hits)
+                tied = [q2 for q2, c in hits if len(c) == top]
+                # two questions in one (words of another question: "in the United States on the coast",
+                # "a big animal"), or
+                # ambiguous by its words alone: whether the parts' answers agree for this secret must
+                # not decide it, or the refusal itself would tell about the secret
+                if len(tied) > 1 or (words - self._loose_words[id(tied[0])]) & self._known:
                     return "unknown", "Please ask one question at a time.", None
                 q = tied[0]
         if q is None:
@@ -285,7 +300,16 @@ class QAGame(TextEnv):
         if m:
             rest = rest[m.end():].strip()
         rest = _ARTICLE.sub("", rest)
-        return self._names.get(rest)
+        if rest in self._names:
+            return self._names[rest]
+        # a name qualified by its own country or continent: "Cape Town, South Africa", "Paris in France"
+        for name, item in self._names.items():
+            if rest.startswith(name + " "):
+                where = rest[len(name) + 1:].removeprefix("in ")
+                places = {_norm(item.values[k]).removeprefix("the ") for k in ("country", "continent") if k in item.values}
+                if where.removeprefix("the ") in places:
+                    return item
+        return None
 
     def _instruction(self, candidates: Sequence[Item]) -> str:
         raise NotImplementedError
@@ -325,7 +349,7 @@ def _attr_q(text: str, key: str, *aliases: str) -> Question:
 # Twenty questions: objects and their attributes
 
 _ATTRIBUTES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("animal", "Is it an animal?", ("is it alive",)),
+    ("animal", "Is it an animal?", ()),
     ("mammal", "Is it a mammal?", ()),
     ("bird", "Is it a bird?", ()),
     ("fish", "Is it a fish?", ()),

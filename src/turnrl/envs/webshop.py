@@ -138,7 +138,9 @@ class _Parser(HTMLParser):
             self.capture = None
         if tag == "form":
             self.form = None
-        while self.stack:
+        # a stray end tag (WebShop's done page closes a <h4> with </p>) closes nothing: popping the
+        # whole stack for it would end a display:none block early and show its hidden text
+        while self.stack and any(t == tag for t, _ in self.stack):
             t, attrs = self.stack.pop()
             if attrs.get("id") == "instruction-text":
                 self.in_instruction = False

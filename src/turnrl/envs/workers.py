@@ -280,14 +280,15 @@ class _Worker(_WorkerBase):
                 raise WorkerFailure(f"{what} timed out after {timeout:g} s")
             return self.conn.recv()
         except (EOFError, OSError, ConnectionError) as e:
+            self.kill()  # joins the process: its exit code is known after this, not before
             code = self.proc.exitcode if self.proc is not None else None
-            self.kill()
             raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
 
     def lost(self, op: str) -> str:
+        if self.alive():  # a live worker of another generation: an env sharing it restarted it
+            return f"the worker was restarted before {op} (by another env sharing it), so the episode is gone"
+        self.kill()
         code = self.proc.exitcode if self.proc is not None else None
-        if not self.alive():
-            self.kill()
         return f"the worker process died before {op} (exit code {code})"
 
     def _request(self, proxy: ProcessEnv, op: str, args: Any, timeout: float) -> tuple[str, Any]:
@@ -335,6 +336,7 @@ class ProcessEnv(TextEnv):
         self._task_ids: dict[str, list[str]] = {}
         self._task_id = ""
         self._failed: str | None = None
+        self._failure_told = False  # the step that ends the episode on the failure has returned
         self._closed = False
         try:
             self._call("new", None, timeout=self._worker.start_timeout)
@@ -354,7 +356,7 @@ class ProcessEnv(TextEnv):
         return list(self._task_ids[split])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
-        self._failed = None
+        self._failed, self._failure_told = None, False
         args = {"seed": seed, "options": options}
         for attempt in (1, 2):
             try:
@@ -375,6 +377,10 @@ class ProcessEnv(TextEnv):
                 return obs, reward, terminated, truncated, info
             except WorkerFailure as e:
                 self._failed = str(e)
+        elif self._failure_told:  # as every env: no step after the episode's end
+            raise TurnRLError(f"{self.env_name}: the episode is over (the environment failed); call reset() "
+                              "to start a new one")
+        self._failure_told = True
         info = {"task_id": self._task_id, "won": False, "success": False, "outcome": "env_error",
                 "error": self._failed, "valid_actions": []}
         self._cache["valid_actions"], self._listed = [], []

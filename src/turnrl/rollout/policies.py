@@ -213,6 +213,15 @@ def _gen_eos(model: Any) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
+def training_chat(model_name: str, tok: Any) -> ChatFormat:
+    """The chat format of a trainer that reads sampled replies of ``model_name``: its stop ids are
+    the sampler's (the tokenizer's and the generation config's EOS ids), so a reply that stopped on
+    any of them keeps its sampled ids instead of being re-encoded from its text."""
+    from turnrl.models.loading import resolve_model_path
+
+    return ChatFormat(tok, extra_stop_ids=_path_eos(resolve_model_path(model_name)))
+
+
 def _path_eos(path: str) -> list[int]:
     """The generation config's end-of-sequence ids of a model directory / hub id (no weights loaded)."""
     from transformers import GenerationConfig

@@ -41,7 +41,9 @@ Departures from the paper (and why):
   capacity 1e5 and k=5 (CHAI) are the paper's.
 * The ``a_hat`` of all critic minibatches of an iteration are sampled in one batched
   generate call before the critic steps (the actor does not change during them, so the
-  distribution is the same as sampling per step).
+  distribution is the same as sampling per step). CHAI's ``a_hat`` is its acting policy's
+  reply, the best of ``chai_k`` samples, ranked by the target critic as it is at the start of
+  the iteration's critic steps (the authors rerank with the target of each step).
 * The token-level baseline (the paper's optional ``b(s, a^<h)``) is supported by the loss
   function (a ``[B, H]`` baseline) but not trained here; the actor uses the utterance
   baseline ``min V(s)``.
@@ -296,12 +298,15 @@ class OnlineTrainer(Trainer):
     """
 
     def __init__(self, model: Any, cfg: TrainConfig, out_dir: Path, objective: Any, *, total_steps: int,
-                 accelerator: Any, tokenizer: Any = None, run_config: dict[str, Any] | None = None):
+                 accelerator: Any, tokenizer: Any = None, run_config: dict[str, Any] | None = None,
+                 phase: str = "actor", checkpoints: Callable[[], list[Path]] | None = None):
         global_batch = cfg.batch_size * cfg.grad_accum * accelerator.num_processes
         cfg = cfg.model_copy(update={"max_steps": max(1, total_steps)})
         super().__init__(model, cfg, out_dir, [None] * global_batch, objective, tokenizer=tokenizer,
                          accelerator=accelerator, run_config=run_config)
         self.steps_done = 0
+        self.phase = phase
+        self._loop_checkpoints = checkpoints
 
     @property
     def examples_per_step(self) -> int:
@@ -312,9 +317,18 @@ class OnlineTrainer(Trainer):
             raise ValueError(f"step_on needs {self.global_batch} examples, got {len(examples)}")
         self.dataset = list(examples)
         self.batches_per_epoch = 1
+        # training mode on every step, as Trainer.train sets it: a model loaded by from_pretrained
+        # starts in eval mode, and phases between steps (sampling, the critic's eval pass) may leave it
+        # there, which would switch dropout off for some steps and not others (and differ on a resume)
+        self.model.train()
         record = self._optimizer_step(self.steps_done)
         self.steps_done += 1
         return record
+
+    def _non_finite(self, what: str, step: int) -> TurnRLError:
+        ckpts = self._loop_checkpoints() if self._loop_checkpoints is not None else []
+        return TurnRLError(f"non-finite {what} in the {self.phase} update (its step {step + 1}); the last "
+                           f"checkpoint ({ckpts[-1].name if ckpts else 'none'}) is intact")
 
 
 @dataclass
@@ -534,7 +548,8 @@ class OnlineRun:
                 objective = SFTObjective(actor_cfg.row_tokens, self.tok.pad_token_id or 0)
             self.actor_trainer = OnlineTrainer(model, actor_cfg, self.out, objective, total_steps=steps,
                                                accelerator=self.accelerator, tokenizer=self.tok,
-                                               run_config=self.run_config)
+                                               run_config=self.run_config, phase="actor",
+                                               checkpoints=self.checkpoints)
             model = self.actor_trainer.unwrapped_model
         else:  # CHAI's actor is frozen: no trainer places it
             model.to(self.accelerator.device)
@@ -546,7 +561,8 @@ class OnlineRun:
             self.critic_trainer = OnlineTrainer(critic, critic_cfg, self.out / "critic",
                                                 CriticObjective(cfg.gamma, cfg.v_target == "min"),
                                                 total_steps=cfg.iterations * cfg.critic_steps,
-                                                accelerator=self.accelerator)
+                                                accelerator=self.accelerator, phase="critic",
+                                                checkpoints=self.checkpoints)
             self.critic = self.critic_trainer.unwrapped_model
             self.target.to(self.accelerator.device)
             self.accelerator.register_for_checkpointing(self.target)
@@ -589,6 +605,18 @@ class OnlineRun:
             out.append(Message("assistant", text, token_ids=list(g.token_ids), logprobs=list(g.logprobs)))
         return out
 
+    def critic_actions(self, batch: Sequence[dict[str, Any]]) -> list[str]:
+        """``a_hat`` of the V target for each transition: a reply of the acting policy -- the actor's
+        sample (ArCHer), the best of ``chai_k`` actor samples by the target critic's min Q (CHAI, as
+        the authors' ``CHAIAgent.get_action`` in their critic loss)."""
+        views = [t["view"] for t in batch]
+        if self.algo != "chai":
+            return [m.content for m in self.sample_actions(views)]
+        k = self.cfg.chai_k
+        cands = [m.content for m in self.sample_actions([v for v in views for _ in range(k)])]
+        scores = self.target_min_q([t["s"] for t in batch for _ in range(k)], cands).view(len(batch), k)
+        return [cands[i * k + j] for i, j in enumerate(scores.argmax(dim=1).tolist())]
+
     # ------------------------------------------------------------------ phases
 
     def collect(self) -> list[Trajectory]:
@@ -614,7 +642,7 @@ class OnlineRun:
         n = ct.examples_per_step
         batches = [self.replay.sample(self.rng, n) for _ in range(cfg.critic_steps)]
         flat = [t for b in batches for t in b]
-        a_hat = [m.content for m in self.sample_actions([t["view"] for t in flat])] if flat else []
+        a_hat = self.critic_actions(flat) if flat else []
         sums: dict[str, float] = {}
         for j, batch in enumerate(batches):
             hats = a_hat[j * n : (j + 1) * n]
@@ -840,8 +868,9 @@ class OnlineRun:
     def _finish(self, elapsed: float) -> dict[str, Any]:
         out = self.out
         if self.actor_trainer is not None:
+            # the core's summary.json is not written: this run's summary (below) comes after critic.pt
             self.actor_trainer._save_final(float(self.history[-1].get("actor/loss", math.nan)) if self.history
-                                           else math.nan, elapsed)
+                                           else math.nan, elapsed, summary=False)
         else:
             model_dir = out / "model"
             shutil.rmtree(model_dir, ignore_errors=True)

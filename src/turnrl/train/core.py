@@ -783,12 +783,7 @@ class Trainer:
         bad_norm = norm is not None and not math.isfinite(grad_norm) and self.cfg.mixed_precision != "fp16"
         if not math.isfinite(loss_value) or bad_norm:
             self.optimizer.zero_grad(set_to_none=True)
-            last = latest_checkpoint(self.out_dir)
-            what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-            raise TurnRLError(
-                f"non-finite {what} at step {step + 1}; the last checkpoint "
-                f"({last.name if last else 'none'}) is intact"
-            )
+            raise self._non_finite("loss" if not math.isfinite(loss_value) else "gradient norm", step)
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         if not acc.optimizer_step_was_skipped:
@@ -918,8 +913,15 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
 
-    def _save_final(self, final_loss: float, elapsed: float) -> None:
-        """Save the model (merged under LoRA) and tokenizer, then ``summary.json`` last."""
+    def _non_finite(self, what: str, step: int) -> TurnRLError:
+        """The error that stops the run on a non-finite ``what`` at optimizer step ``step`` (0-based)."""
+        last = latest_checkpoint(self.out_dir)
+        return TurnRLError(f"non-finite {what} at step {step + 1}; the last checkpoint "
+                           f"({last.name if last else 'none'}) is intact")
+
+    def _save_final(self, final_loss: float, elapsed: float, *, summary: bool = True) -> None:
+        """Save the model (merged under LoRA) and tokenizer, then ``summary.json`` last (unless not
+        ``summary``: a caller that saves more after the model writes its own summary last)."""
         acc = self.accelerator
         acc.wait_for_everyone()
         model = self.unwrapped_model
@@ -945,6 +947,7 @@ class Trainer:
                 self.tokenizer.save_pretrained(str(model_dir))
                 if _is_peft(model):
                     self.tokenizer.save_pretrained(str(adapter_dir))
+        if self.is_main and summary:
             atomic_write_json(
                 self.out_dir / SUMMARY,
                 {

@@ -184,7 +184,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
     p = Path(path)
     if not p.is_file():
         raise TurnRLError(f"{p}: {'is a directory, not a pairs file' if p.is_dir() else 'no such file'}")
-    stats = {"records": 0, "skipped_too_long": 0, "dropped_turns": 0}
+    stats = {"records": 0, "skipped_too_long": 0, "skipped_identical": 0, "dropped_turns": 0}
     units: list[Unit] = []
     if cfg.loss == "sppo":
         samples = read_trajectories(p)
@@ -222,11 +222,15 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
             if c is None or r is None or c.num_turns == 0 or r.num_turns == 0:
                 stats["skipped_too_long"] += 1
                 continue
+            if c.input_ids == r.input_ids:  # cut before the turn where they part: no preference left
+                stats["skipped_identical"] += 1
+                continue
             stats["dropped_turns"] += c.dropped_turns + r.dropped_turns
             units.append(Unit([c, r], [c.num_turns, r.num_turns]))
     if not units:
         raise TurnRLError(f"{p}: no usable {'samples' if cfg.loss == 'sppo' else 'pairs'} "
-                          f"(every one is empty or longer than max_length={cfg.max_length})")
+                          f"(every one is empty or longer than max_length={cfg.max_length}"
+                          f"{', or cut by it to the same tokens on both sides' if stats['skipped_identical'] else ''})")
     return units, stats
 
 
@@ -422,11 +426,12 @@ def train_preference(
         resolve_model_path,
         training_dtype,
     )
+    from turnrl.rollout.policies import training_chat
 
     if cfg.sft_weight > 0 and cfg.loss == "sppo":
         raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
     tok = load_tokenizer(model_name)
-    chat = ChatFormat(tok)
+    chat = training_chat(model_name, tok)  # the sampler's stop ids
     pad_id = tok.pad_token_id or 0
     units, stats = load_units(data, chat, cfg)
     held_out = load_units(eval_data, chat, cfg)[0] if eval_data is not None else []

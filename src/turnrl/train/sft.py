@@ -111,6 +111,7 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
               eval_fn: Any = None) -> TrainResult:
     """Load the model and data, tokenize, and run the trainer core."""
     from turnrl.models.loading import load_model, load_tokenizer, training_dtype
+    from turnrl.rollout.policies import training_chat
 
     trajs = load_trajectories(data)
     if not trajs:
@@ -121,7 +122,7 @@ def train_sft(model_name: str, data: str | Path, out: str | Path, cfg: SFTConfig
     if cfg.only_success:
         trajs = [t for t in trajs if t.success]
     tok = load_tokenizer(model_name)
-    chat = ChatFormat(tok)
+    chat = training_chat(model_name, tok)  # the sampler's stop ids
     examples, stats = encode_trajectories(trajs, chat, max_length=cfg.max_length, history=cfg.history)
     if not examples:
         if not any(m.role == "assistant" for t in trajs for m in t.messages):
