@@ -161,6 +161,8 @@ def test_ppo_trains_on_expected_rewards_from_the_same_rollout(tiny_dir: Path, tm
         # made before they existed hash alike and resume
     assert first["env"]["rollout/return"] == first["expected"]["rollout/return"]
     assert first["expected"]["rollout/reward_scale"] == pytest.approx(first["env"]["rollout/reward_scale"])
+    # ... and the source reaches the update: the same rollout gives another loss
+    assert first["expected"]["loss"] != pytest.approx(first["env"]["loss"], abs=1e-6)
 
 
 def _sample(tiny_dir: Path) -> tuple[Any, Any, TurnSample]:
@@ -401,6 +403,8 @@ def test_config_errors_are_one_line(tiny_dir: Path, tmp_path: Path, capsys) -> N
     assert "kl_estimator=k1 with kl_gradient=pathwise pulls nothing" in run("--env", "bandit", "kl_estimator=k1")
     assert "kl_gradient" in run("--env", "bandit", "kl_gradient=exact")
     assert "reward_source" in run("--env", "bandit", "reward_source=mean")
+    assert "ppo: eval_split=test: unknown split" in run("--env", "bandit", "eval_split=test")
+    assert "ppo: split=dev: unknown split" in run("--env", "bandit", "split=dev")
     # an env without expected rewards: one line at the first rollout, before any step
     err = run("--env", "tictactoe", "reward_source=expected", "iterations=1", "episodes_per_iter=2", "num_envs=2",
               "max_new_tokens=4", "minibatches=1", "batch_size=2")
@@ -934,3 +938,15 @@ def test_ppo_gae_values_every_turn_epsilon_greedy_ones_included(tiny_dir: Path, 
            if not m.token_ids}
     assert aid and {(e, t) for e, t, trained in seen if not trained} == aid
     assert all(s.trained for eps in runner["it"].buffer.items for s in eps)  # only the model's turns train
+
+
+def test_a_minibatch_spans_the_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under several processes the core's global batch is batch_size x grad_accum x processes: a
+    minibatch stays episodes_per_iter / minibatches episodes (checked with 2 processes under
+    torchrun: the same epochs and units per step as one process)."""
+    from turnrl.train import ppo
+
+    monkeypatch.setattr(ppo, "_num_processes", lambda: 2)
+    ppo._check(bandit_cfg(episodes_per_iter=4, minibatches=2, batch_size=1), "bandit")
+    with pytest.raises(TurnRLError, match="times the 2 processes"):
+        ppo._check(bandit_cfg(episodes_per_iter=4, minibatches=2, batch_size=2), "bandit")

@@ -90,6 +90,18 @@ Departures from the paper (and why):
 * The value head is a plain linear layer on the policy's last hidden state (shared
   trunk, no separate critic network); a truncated episode bootstraps with 0. By default
   its loss trains the trunk too; ``value_trunk=false`` stops it at the head.
+* The KL term's default gradient (``kl_gradient=pathwise`` through the k3 estimate of the
+  sampled tokens) is, in expectation, the gradient of KL(pi_ref || pi_theta), the reverse of
+  DESIGN 3's KL(pi_theta || pi_ref); ``kl_gradient=full`` takes the gradient of the
+  full-vocabulary KL(pi_theta || pi_ref) at each sampled position.
+* The thinking budget G (``max_new_tokens``) defaults to 64 tokens, not 256: the tiny model's
+  rationales are short, and a CPU pays for every budget token of a rollout.
+* epsilon-greedy draws from the env's ``valid_actions``: on a turn where the env lists none
+  (ScienceWorld, the shop's search page) the model's own reply is played.
+* Several processes (accelerate / torchrun): each process plays the whole rollout (the same
+  episodes, the same keyed sampling) and trains on its share of each minibatch, so a
+  minibatch is ``episodes_per_iter / minibatches`` episodes across all processes
+  (``batch_size x processes`` must divide it). The rollout is not sharded across processes.
 """
 
 from __future__ import annotations
@@ -706,10 +718,12 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
         raise TurnRLError("ppo: grad_accum, epochs and max_steps are derived from episodes_per_iter, minibatches, "
                           "ppo_epochs and iterations; leave them unset")
     per_mb = cfg.episodes_per_iter / cfg.minibatches
-    if per_mb != int(per_mb) or int(per_mb) % cfg.batch_size:
+    procs = _num_processes()
+    if per_mb != int(per_mb) or int(per_mb) % (cfg.batch_size * procs):
         raise TurnRLError(
             f"ppo: episodes_per_iter ({cfg.episodes_per_iter}) must split into minibatches ({cfg.minibatches}) "
-            f"of a multiple of batch_size ({cfg.batch_size}) episodes")
+            f"of a multiple of batch_size ({cfg.batch_size}) episodes"
+            + (f" times the {procs} processes" if procs > 1 else ""))
     if cfg.episodes_per_iter % cfg.group_size:
         raise TurnRLError(f"ppo: episodes_per_iter ({cfg.episodes_per_iter}) must be a multiple of group_size "
                           f"({cfg.group_size}), the episodes a task")
@@ -729,9 +743,17 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if cfg.temperature != 1.0:
         raise TurnRLError(f"ppo: temperature {cfg.temperature:g}: the PPO ratio and the KL term are taken at "
                           "temperature 1, so rollouts sampled at another would be off-policy; leave it at 1")
-    if cfg.split not in ("train", "seen", "unseen") or cfg.eval_split not in ("train", "seen", "unseen"):
-        raise TurnRLError(f"ppo: unknown split; choose from: train, seen, unseen (got {cfg.split}, {cfg.eval_split})")
+    for key, split in (("split", cfg.split), ("eval_split", cfg.eval_split)):
+        if split not in ("train", "seen", "unseen"):
+            raise TurnRLError(f"ppo: {key}={split}: unknown split; choose from: train, seen, unseen")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
+
+
+def _num_processes() -> int:
+    """Processes of this launch (accelerate / torchrun); 1 without a launcher."""
+    from accelerate import PartialState
+
+    return int(PartialState().num_processes)
 
 
 def advantage_kind(cfg: PPOConfig, env_name: str) -> str:
@@ -749,7 +771,9 @@ def train_ppo(model_name: str, env_name: str, out: str | Path, cfg: PPOConfig, *
     steps_per_iter = cfg.ppo_epochs * cfg.minibatches
     per_mb = cfg.episodes_per_iter // cfg.minibatches
     train_cfg = cfg.model_copy(update={
-        "grad_accum": per_mb // cfg.batch_size,
+        # a minibatch is per_mb episodes over all processes: the core's global batch is
+        # batch_size x grad_accum x processes
+        "grad_accum": per_mb // (cfg.batch_size * _num_processes()),
         "max_steps": cfg.iterations * steps_per_iter,
     })
     if kind == "gae" and cfg.lora is not None:
