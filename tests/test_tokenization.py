@@ -4,6 +4,7 @@ end-of-turn marker, on five template styles, with no per-template arithmetic in 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -347,3 +348,50 @@ def test_a_stop_token_sampled_without_the_markers_whitespace_is_trained_as_sampl
     enc = chat.encode([*MESSAGES[:2], Message("assistant", content, token_ids=sampled)])
     assert enc is not None and enc.reencoded_turns == 0
     assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled
+
+
+@pytest.fixture(scope="module")
+def metaspace_tokenizer():
+    """transformers' LlamaTokenizer (the class Llama-2, Mistral and TinyLlama checkpoints load as) on a
+    small vocabulary trained here: SentencePiece-style Metaspace, which writes a prefix space into the
+    first word of any text it tokenizes on its own."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizer
+
+    bpe = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    corpus = [m.content for m in MESSAGES] * 20 + ["[INST] [/INST] <<SYS>> <</SYS>>"] * 20
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=[chr(i) for i in range(32, 127)] + ["\u2581", "\n"]))
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split()) for m in model["merges"]]
+    return LlamaTokenizer(vocab=model["vocab"], merges=merges)
+
+
+PHI3 = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["llama2", "phi3"])
+def test_a_prefix_space_tokenizer_gets_no_space_at_piece_boundaries(metaspace_tokenizer, template: str) -> None:
+    """Tokenized piece by piece, a Metaspace tokenizer would start every piece with a space (" Thought"
+    after "[/INST] ", "\\n Thought" after "<|assistant|>\\n"): the sequence must decode to the template's
+    rendering, and for Llama-2 be the very ids of tokenizing that rendering whole."""
+    tok = copy.deepcopy(metaspace_tokenizer)
+    if template == "phi3":
+        tok.add_special_tokens({"additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]})
+    tok.chat_template = LLAMA2 if template == "llama2" else PHI3
+    assert tok.convert_ids_to_tokens(tok("Thought", add_special_tokens=False)["input_ids"])[0].startswith("\u2581")
+    chat = ChatFormat(tok)
+    enc = chat.encode(MESSAGES)
+    assert enc is not None and chat.prefix_consistent
+    rendered = chat._apply([{"role": m.role, "content": m.content} for m in MESSAGES], False)
+    assert tok.decode(enc.input_ids, skip_special_tokens=False) == rendered
+    if template == "llama2":
+        assert enc.input_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+        assert tok.convert_ids_to_tokens(chat.prompt_ids(MESSAGES[:2]))[-1] == "\u2581[/INST]"
+    # each agent turn's masked tokens decode to its content (and the end-of-turn marker)
+    for turn, msg in enumerate(m for m in MESSAGES if m.role == "assistant"):
+        ids = [i for i, t in zip(enc.input_ids, enc.turn_index, strict=True) if t == turn]
+        assert tok.decode(ids, skip_special_tokens=False).strip().startswith(msg.content.strip())

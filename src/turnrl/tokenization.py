@@ -105,6 +105,13 @@ class ChatFormat:
         )
         self._fold_system = False
         self._cache: dict[str, list[int]] = {}
+        #: a special token after which text tokenizes as it does mid-sequence: set for tokenizers
+        #: that add a prefix space to text that starts an input (SentencePiece's Metaspace in
+        #: Llama-2, Mistral, TinyLlama, Phi-3), whose pieces would each start with a space otherwise
+        self._anchor: str | None = None
+        anchor = self._find_anchor()
+        if anchor is not None and self._raw(anchor + "Action")[1:] != self._raw("Action"):
+            self._anchor = anchor
         #: False for templates that render a past turn differently once later turns exist
         #: (Qwen3 keeps its empty ``<think>`` block on the last assistant turn only): a turn's
         #: sampling prompt is then not what precedes it in a longer training sequence, and
@@ -242,18 +249,46 @@ class ChatFormat:
 
     # ----------------------------------------------------------------- tokenizing
     def tokenize_text(self, text: str) -> list[int]:
-        """Token ids of a piece of text, special-token strings included, nothing added."""
+        """Token ids of a piece of text that follows other text in a sequence, special-token
+        strings included, nothing added (with a prefix-space tokenizer, no space is added either:
+        the piece is tokenized after an anchor token, which is then dropped)."""
         cached = self._cache.get(text)
         if cached is None:
-            cached = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            cached = self._raw(self._anchor + text)[1:] if self._anchor is not None else self._raw(text)
             if len(self._cache) < 100_000:
                 self._cache[text] = cached
         return list(cached)
 
-    def agent_ids(self, content: str, eot: str, sampled: Sequence[int] | None) -> tuple[list[int], bool]:
+    def _first_piece(self, text: str) -> list[int]:
+        """Token ids of the piece that starts an input."""
+        if self._anchor is None:
+            return self.tokenize_text(text)
+        key = "\x00first\x00" + text  # NULs: no piece of text is this key
+        if key not in self._cache and len(self._cache) < 100_000:
+            self._cache[key] = self._raw(text)
+        return list(self._cache.get(key) or self._raw(text))
+
+    def _raw(self, text: str) -> list[int]:
+        """Token ids of ``text`` tokenized on its own (as the start of an input)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _find_anchor(self) -> str | None:
+        """A special token that is one id and leaves the text after it as it is (no stripping)."""
+        for tok in self._specials:
+            ids = self._raw(tok)
+            if len(ids) == 1:
+                spaced, bare = self._raw(tok + " a"), self._raw(tok + "a")
+                if spaced[:1] == ids and bare[:1] == ids and spaced != bare:  # the space after it is kept
+                    return tok
+        return None
+
+    def agent_ids(self, content: str, eot: str, sampled: Sequence[int] | None, *,
+                  lead: str = "") -> tuple[list[int], bool]:
         """Token ids of an agent turn: the sampled ids when they are faithful, else the
-        re-encoded text. Returns ``(ids, reencoded)``."""
+        re-encoded text (after ``lead``, the template's spaces before the turn that a prefix-space
+        tokenizer writes into the turn's first token). Returns ``(ids, reencoded)``."""
         eot_ids = self.tokenize_text(eot) if eot else []
+        texts = (content, lead + content) if lead else (content,)
         if sampled:
             ids = list(sampled)
             body = ids
@@ -261,18 +296,18 @@ class ChatFormat:
                 body = ids[: -len(eot_ids)]
                 # A marker that starts with whitespace (Llama-2's " </s>") is sampled whole, and the
                 # rollout's content (the text before the stop token) then ends with that whitespace.
-                if self.tokenizer.decode(ids[:-1], skip_special_tokens=False) == content:
+                if self.tokenizer.decode(ids[:-1], skip_special_tokens=False) in texts:
                     return ids, False
             elif body and body[-1] in self.stop_token_ids:
                 body = body[:-1]
                 # the marker's last token sampled without the marker's leading whitespace (Llama-2's
                 # "</s>" for " </s>"): trained as sampled, not with a whitespace token it never sampled
-                if eot_ids and ids[-1] == eot_ids[-1] and self.tokenizer.decode(body, skip_special_tokens=False) == content:
+                if eot_ids and ids[-1] == eot_ids[-1] and self.tokenizer.decode(body, skip_special_tokens=False) in texts:
                     return ids, False
-            if self.tokenizer.decode(body, skip_special_tokens=False) == content:
+            if self.tokenizer.decode(body, skip_special_tokens=False) in texts:
                 return body + eot_ids, False
-            return self.tokenize_text(content) + eot_ids, True
-        return self.tokenize_text(content) + eot_ids, False
+            return self.tokenize_text(lead + content) + eot_ids, True
+        return self.tokenize_text(lead + content) + eot_ids, False
 
     def encode(
         self,
@@ -349,22 +384,33 @@ class ChatFormat:
         segs = self.segments(open_turn)
         last = max(i for i, s in enumerate(segs) if s.turn >= 0)
         ids: list[int] = []
-        for _, piece, _ in self._pieces(segs[:last], open_turn):
-            ids.extend(piece)
+        for seg, piece, _ in self._pieces(segs[: last + 1], open_turn):  # with the open turn, which is left
+            if seg is not segs[last]:  # out: the pieces before it are cut as in the longer conversation
+                ids.extend(piece)
         return ids
 
     def _pieces(
         self, segs: Sequence[Segment], messages: Sequence[Message | dict]
     ) -> Iterator[tuple[Segment, list[int], bool]]:
         """Token ids of each segment: ``(segment, ids, re-encoded?)``."""
-        for seg in segs:
+        lead = ""
+        for k, seg in enumerate(segs):
             if seg.turn < 0:
-                yield seg, self.tokenize_text(seg.text), False
+                text, lead = seg.text, ""
+                if self._anchor is not None and k + 1 < len(segs) and segs[k + 1].turn >= 0:
+                    # a prefix-space tokenizer writes the space before a word into the word's token
+                    # ("▁Thought"): the spaces a template puts before an agent turn go with the turn, so
+                    # the prompt ends where the model's reply starts, as in the template's own tokenizing
+                    text = seg.text.rstrip(" ")
+                    lead = seg.text[len(text):]
+                # the input's first piece is tokenized as an input starts (with a prefix space, if any)
+                yield seg, self._first_piece(text) if k == 0 else self.tokenize_text(text), False
                 continue
             msg = messages[seg.message_index]
             sampled = msg.token_ids if isinstance(msg, Message) else msg.get("token_ids")
             content = msg.content if isinstance(msg, Message) else msg["content"]
-            piece, reencoded = self.agent_ids(content, seg.eot, sampled)
+            piece, reencoded = self.agent_ids(content, seg.eot, sampled, lead=lead)
+            lead = ""
             yield seg, piece, reencoded
 
 
