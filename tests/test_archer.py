@@ -603,3 +603,10 @@ def test_td_targets_keep_float32_under_bf16_heads() -> None:
     assert m["target_q1"].dtype == torch.float32 and m["target_q1"][0].item() == pytest.approx(0.95 * 1.2345678, abs=1e-6)
     _, m = archer_v_loss(q, q, v_next, v_next)
     assert m["target_v1"].dtype == torch.float32 and m["target_v1"][0].item() == pytest.approx(1.2345678, abs=1e-6)
+
+
+def test_a_critic_encoder_that_does_not_exist_is_named_by_its_key(tiny_tokenizer, tmp_path: Path) -> None:
+    from turnrl.errors import TurnRLError
+
+    with pytest.raises(TurnRLError, match=r"^critic\.encoder: .*nowhere"):
+        build_critic(CriticConfig(encoder=str(tmp_path / "nowhere")), tiny_tokenizer)

@@ -82,3 +82,27 @@ def test_registered_only_with_alfworld_data(monkeypatch: pytest.MonkeyPatch) -> 
         assert isinstance(turnrl.envs.make("alfworld"), ALFWorld)
     finally:
         turnrl.envs._REGISTRY.pop("alfworld", None)
+
+
+def test_only_admissible_commands_reach_the_game() -> None:
+    """As in household: other text ("quit", "restart", two commands in one) leaves the game as it
+    was, answered "Nothing happens." and flagged invalid (checked on a stand-in engine: CI has no
+    TextWorld)."""
+    from types import SimpleNamespace
+
+    stepped: list[str] = []
+    state = SimpleNamespace(admissible_commands=["go to desk 1", "look"], feedback="You arrive.", won=False)
+
+    class Engine:
+        def step(self, cmd: str):
+            stepped.append(cmd)
+            return SimpleNamespace(admissible_commands=["look"], feedback=f"did {cmd}", won=False), 0, False
+
+    env = ALFWorld.__new__(ALFWorld)
+    env._env, env._state, env._done, env._turns, env.max_turns, env._task_id = Engine(), state, False, 0, 50, "t"
+    for text in ("quit", "go to desk 1. look", "restart"):
+        obs, reward, term, trunc, info = env.step(text)
+        assert (obs, reward, term, trunc, info["invalid"]) == ("Nothing happens.", 0.0, False, False, True)
+    assert stepped == [] and env._state is state
+    obs, _, _, _, info = env.step("go  to desk 1")
+    assert obs == "did go to desk 1" and not info["invalid"] and stepped == ["go to desk 1"]

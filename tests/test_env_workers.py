@@ -217,3 +217,16 @@ def test_scienceworld_in_worker_processes(tmp_path: Path) -> None:
     finally:
         sampler.close()
     assert all(t.success and t.return_ == pytest.approx(1.0) for t in trajs)
+
+
+def test_an_env_that_fails_to_start_does_not_keep_its_worker() -> None:
+    """A proxy whose env raises when it is built never counts as a user of the worker: a pool
+    worker it started is stopped, not left running with no env."""
+    from turnrl.envs.workers import _Worker
+
+    worker = _Worker(None, {"delay": 0.0, "fail": True}, lambda **kw: SlowCounter(**{"delay": 0.0})
+                     if not kw.get("fail") else (_ for _ in ()).throw(ValueError("no such board")),
+                     timeout=20, start_timeout=20, start_method="fork")
+    with pytest.raises(TurnRLError, match="no such board"):
+        ProcessEnv(worker=worker)
+    assert worker.users == 0 and not worker.alive()

@@ -178,8 +178,11 @@ class ALFWorld(TextEnv):
         self._turns += 1
         cmd = " ".join(action.split()) if isinstance(action, str) else ""
         valid = cmd in (self._state.admissible_commands or [])
-        self._state, _, _ = self._env.step(cmd)
-        obs = str(self._state.feedback).strip() or "Nothing happens."
+        if valid:  # other text never reaches the interpreter ("quit", "restart", chained commands)
+            self._state, _, _ = self._env.step(cmd)
+            obs = str(self._state.feedback).strip() or "Nothing happens."
+        else:  # what ALFWorld's PDDL backend answers, with the game left as it was
+            obs = "Nothing happens."
         info = self._info(invalid=not valid)
         if self._state.won:
             self._done = True

@@ -263,14 +263,23 @@ def check_env(env_or_name: TextEnv | str, *, episodes: int = 3, seed: int = 0, *
     env, _, problems = _resolve(env_or_name, kwargs)
     if env is None:
         return problems
-    return _Checker(env, episodes, seed).run()
+    return _run_checker(env, env_or_name, episodes, seed)
+
+
+def _run_checker(env: TextEnv, given: TextEnv | str, episodes: int, seed: int) -> list[str]:
+    """The checker's problems; an env built here from a name is closed after (its worker, its JVM)."""
+    try:
+        return _Checker(env, episodes, seed).run()
+    finally:
+        if isinstance(given, str):
+            env.close()
 
 
 def assert_env(env_or_name: TextEnv | str, *, episodes: int = 3, seed: int = 0, **kwargs: Any) -> None:
     """Like :func:`check_env`, but raise :class:`CheckFailed` when there are problems."""
     env, name, problems = _resolve(env_or_name, kwargs)
     if env is not None:
-        problems = _Checker(env, episodes, seed).run()
+        problems = _run_checker(env, env_or_name, episodes, seed)
     if problems:
         raise CheckFailed(name, problems)
 

@@ -340,7 +340,13 @@ class ProcessEnv(TextEnv):
         self._closed = False
         try:
             self._call("new", None, timeout=self._worker.start_timeout)
-        except WorkerFailure as e:
+        except (WorkerFailure, TurnRLError) as e:
+            with self._worker.lock:  # this proxy never came to be: it must not keep a shared worker alive
+                self._worker.users -= 1
+                if self._worker.users <= 0:
+                    self._worker.kill()
+            if isinstance(e, TurnRLError):
+                raise
             raise TurnRLError(f"env worker could not start: {e}") from None
         self.max_turns = int(self._cache["max_turns"])
 

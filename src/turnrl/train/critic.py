@@ -206,7 +206,10 @@ def build_critic(cfg: CriticConfig, actor_tokenizer: Any, *, seed: int = 0) -> D
         from turnrl.errors import TurnRLError
         from turnrl.models.loading import resolve_model_path
 
-        path = resolve_model_path(cfg.encoder)
+        try:
+            path = resolve_model_path(cfg.encoder)
+        except TurnRLError as e:
+            raise TurnRLError(f"critic.encoder: {e}") from None
         try:
             tok = AutoTokenizer.from_pretrained(path)
             backbone = AutoModel.from_pretrained(path)
