@@ -213,6 +213,26 @@ def test_non_finite_loss_stops_before_the_step(tmp_path: Path) -> None:
         run(tmp_path / "fresh", cfg, NaNAt(1))
 
 
+class LongestOf(NLL):
+    """NLL that also reports each micro-batch's longest example, a max metric."""
+
+    max_metrics = frozenset({"longest"})
+
+    def __call__(self, model: Any, examples: Sequence[list[int]]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = super().__call__(model, examples)
+        return loss, {**metrics, "longest": float(max(len(x) for x in examples))}
+
+
+def test_max_metrics_are_the_steps_maximum_over_micro_batches(tmp_path: Path) -> None:
+    """A metric an objective names in ``max_metrics`` is the max over the step's micro-batches, not a
+    unit-weighted sum (PPO's ratio_max_dev)."""
+    data = make_data(8)
+    trainer, _ = run(tmp_path, base_cfg(batch_size=2, grad_accum=2, max_steps=2), LongestOf(), n=8)
+    for r in read_metrics(tmp_path):
+        batch = [data[i] for i in trainer.global_batch_indices(r["step"] - 1)]
+        assert r["longest"] == max(len(x) for x in batch)
+
+
 def test_run_dir_guards(tmp_path: Path) -> None:
     cfg = base_cfg(max_steps=3)
     _, res = run(tmp_path, cfg)

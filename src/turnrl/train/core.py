@@ -756,6 +756,9 @@ class Trainer:
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
         metric_sums: dict[str, float] = {}
+        # metrics the objective reports as maxima (``max_metrics``) are reduced by max, not summed
+        max_keys = frozenset(getattr(self.objective, "max_metrics", ()))
+        metric_max: dict[str, float] = {}
         for j, micro in enumerate(micros):
             weight = 1.0
             if not micro:  # keep DDP's collective calls aligned: a zero-weight dummy
@@ -769,7 +772,10 @@ class Trainer:
                 acc.backward(loss * scale)
             loss_sum += loss.detach().to(torch.float64)
             for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
+                if k in max_keys:
+                    metric_max[k] = max(metric_max.get(k, -math.inf), float(v) if weight else -math.inf)
+                else:
+                    metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * weight
 
         keys = sorted(metric_sums)
         packed = torch.tensor(
@@ -800,6 +806,11 @@ class Trainer:
         }
         for k, v in zip(keys, packed[1:].tolist(), strict=True):
             record[k] = v / denom
+        if metric_max:
+            max_names = sorted(metric_max)
+            local = torch.tensor([metric_max[k] for k in max_names], dtype=torch.float64, device=acc.device)
+            for k, v in zip(max_names, acc.gather(local[None]).amax(dim=0).tolist(), strict=True):
+                record[k] = v
         return record
 
     # ------------------------------------------------------------------ eval / logging

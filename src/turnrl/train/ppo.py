@@ -335,6 +335,9 @@ class PPOObjective:
     """Token-level PPO loss (+ value loss) on the trained turns of a list of episodes;
     units = action tokens."""
 
+    #: reduced by max over the step's micro-batches and processes (the trainer core)
+    max_metrics = frozenset({"ratio_max_dev"})
+
     def __init__(self, cfg: PPOConfig, pad_id: int, ref: Any = None):
         self.cfg = cfg
         self.pad_id = pad_id
@@ -379,7 +382,7 @@ class PPOObjective:
         losses, m = ppo_loss(fw.logps, old, adv, clip_eps=cfg.clip_eps, beta_kl=cfg.beta_kl, **kwargs)
         total = losses.sum()
         metrics = {k: float(m[k].sum()) for k in ("ratio", "clipped", "approx_kl", "kl", "pg_loss")}
-        metrics["ratio_max_dev"] = float((m["ratio"] - 1).abs().max()) * float(counts.sum())
+        metrics["ratio_max_dev"] = float((m["ratio"] - 1).abs().max())  # a max: reduced by max (max_metrics)
         if fw.values is not None:
             vals = fw.values[torch.tensor(order, device=device)]
             rets = torch.tensor([samples[s].ret for s in order], device=device)
