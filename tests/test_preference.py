@@ -598,3 +598,56 @@ def test_trainers_keep_replies_that_stopped_on_the_generation_configs_eos(tiny_d
     assert odd != chat.tokenize_text(content)  # a tokenization the re-encoding would not give
     ids, reencoded = chat.agent_ids(content, chat.eot_text, [*odd, extra[0]])
     assert not reencoded and ids[: len(odd)] == odd
+
+
+def test_dmpo_keeps_each_trajectorys_own_T_when_max_length_cuts_turns(tiny_tokenizer, tmp_path: Path) -> None:
+    """phi(t, T) with the trajectory's T: a cut side keeps its kept turns' weights."""
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.preference import PreferenceConfig, load_units
+
+    chat = ChatFormat(tiny_tokenizer)
+
+    def traj(n: int, word: str) -> Trajectory:
+        msgs = [Message("system", "play"), Message("user", "board start")]
+        for k in range(n):  # the last observation before the last move is long
+            msgs += [Message("assistant", f"{word} move {k} " * 3),
+                     Message("user", f"observation {k} " * (40 if k == n - 2 else 3))]
+        return Trajectory(id=word, env="x", task_id="t", messages=msgs[:-1], rewards=[0.0] * n,
+                          return_=float(word == "good"))
+
+    pair = Pair("t", traj(5, "good"), traj(2, "bad"), {})
+    write_jsonl(tmp_path / "p.jsonl", [pair])
+    full = chat.encode(pair.chosen.messages)
+    assert full is not None
+    # the whole chosen sequence cut after its 4th turn; with history=0, the 5th turn's view too long
+    for history, max_length in ((None, len(full.input_ids) - 10), (0, 100)):
+        units, stats = load_units(tmp_path / "p.jsonl", chat, PreferenceConfig(
+            loss="dmpo", max_length=max_length, history=history))
+        assert stats["dropped_turns"] >= 1 and units[0].num_turns == [5, 2], (history, stats)
+
+
+def test_hard_sppo_holds_a_sample_that_ties_with_its_group() -> None:
+    """Under sppo_variant=hard a win rate of exactly 1/2 has target 0 (as under soft), not -eta/2."""
+    import turnrl.train.preference as P
+
+    units = [P.Unit(seqs=[], num_turns=[1], win_rate=w, ref=torch.zeros(1, 1)) for w in (0.5, 0.9, 0.1)]
+    policy = [torch.zeros(1, 1) for _ in units]  # the policy is the reference: every log-ratio is 0
+    obj = P.PreferenceObjective(P.PreferenceConfig(loss="sppo", sppo_variant="hard", eta=5.0))
+    orig = P.unit_turn_logps
+    try:
+        P.unit_turn_logps = lambda model, us, cfg, pad: policy  # type: ignore[assignment]
+        losses, m = obj.losses(None, units)
+    finally:
+        P.unit_turn_logps = orig
+    assert m["target"].tolist() == pytest.approx([0.0, 2.5, -2.5]) and losses.tolist() == pytest.approx([0.0, 6.25, 6.25])
+
+
+@pytest.mark.parametrize(("setting", "loss"), [("sft_weight", "sppo"), ("label_smoothing", "ipo"),
+                                               ("label_smoothing", "dmpo")])
+def test_a_setting_of_another_loss_is_refused_not_ignored(setting: str, loss: str, tmp_path: Path) -> None:
+    from turnrl.errors import TurnRLError
+    from turnrl.train import preference
+
+    cfg = preference.PreferenceConfig(loss=loss, **{setting: 0.1})
+    with pytest.raises(TurnRLError, match=f"^{setting} applies to"):
+        preference.train_preference("tiny", tmp_path / "none.jsonl", tmp_path / "run", cfg)

@@ -146,25 +146,42 @@ def test_one_generate_call_per_step(tiny_model, tiny_tokenizer) -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_shared_prefill_samples_exactly_what_separate_prefills_do(tiny_model, tiny_tokenizer,
                                                                    temperature: float) -> None:
-    """Runs of one prompt (k samples of a state) are prefilled once; the samples, their
-    log-probs and the random draws are those of prefilling every copy."""
+    """Copies of one prompt (k samples of a state, adjacent or not) are prefilled once; the
+    samples, their log-probs and the random draws are those of prefilling every copy."""
     import torch
 
     chat = ChatFormat(tiny_tokenizer)
     long, short = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8. " * 4), chat.tokenize_text("O won")
-    prompts = [long] * 3 + [short] * 2 + [chat.tokenize_text("A")] + [long]  # runs of 3, 2, 1, 1
+    prompts = [long] * 3 + [short] * 2 + [chat.tokenize_text("A")] + [long]  # 3 distinct prompts of 7
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=10)
     outs = []
     for share in (True, False):
         engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids, share_prefix=share)
         torch.manual_seed(3)
         outs.append(engine.generate(prompts, sampling))
-        assert engine.shared_rows == (3 if share else 0)
+        assert engine.shared_rows == (4 if share else 0)
     for shared, alone in zip(*outs, strict=True):
         assert shared.token_ids == alone.token_ids and shared.finished == alone.finished
         assert shared.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     if temperature > 0:  # the copies of one prompt are sampled independently
         assert len({tuple(g.token_ids) for g in outs[0][:3]}) > 1
+
+
+@pytest.mark.parametrize("impl", ["static", "sliding_window"])
+def test_a_models_cache_implementation_does_not_break_the_shared_prefill(tiny_model, tiny_tokenizer,
+                                                                        impl: str) -> None:
+    """A generation config that names a cache implementation (Gemma's sliding window) would make
+    generate refuse the shared prefill's cache: the engine neutralises it, as other settings."""
+    chat = ChatFormat(tiny_tokenizer)
+    prompt = chat.tokenize_text("X to move. Board: 0 1 2")
+    before = getattr(tiny_model.generation_config, "cache_implementation", None)
+    tiny_model.generation_config.cache_implementation = impl
+    try:
+        engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids)
+        out = engine.generate([prompt, prompt], SamplingConfig(temperature=0.0, max_new_tokens=4))
+    finally:
+        tiny_model.generation_config.cache_implementation = before
+    assert engine.shared_rows == 1 and out[0].token_ids == out[1].token_ids
 
 
 def test_draw_tokens_by_hand() -> None:
@@ -549,3 +566,21 @@ def test_replies_cut_by_max_new_tokens_are_marked(tmp_path, tiny_model, tiny_tok
     assert record["cut_reply_rate"] == round(cut / len(turns), 4)
     assert "cut" not in json.dumps([m.to_dict() for t in run_policy(ExpertPolicy(), "tictactoe", episodes=1)
                                     for m in t.messages])
+
+
+def test_the_sampler_returns_specs_order_and_refuses_a_repeated_index() -> None:
+    from turnrl import envs
+    from turnrl.rollout.sampler import EpisodeSpec, Sampler
+
+    specs = [EpisodeSpec(i, "train", f"ttt-s{i}", i) for i in (2, 0, 1)]
+    sampler = Sampler(lambda: envs.make("tictactoe"), RandomPolicy(), env_name="tictactoe", num_envs=2)
+    try:
+        assert [t.task_id for t in sampler.run(specs)] == ["ttt-s2", "ttt-s0", "ttt-s1"]
+        with pytest.raises(ValueError, match="episode index 0 appears twice"):
+            sampler.run([EpisodeSpec(0, "train", "ttt-s0", 0), EpisodeSpec(0, "train", "ttt-s1", 1)])
+    finally:
+        sampler.close()
+
+
+def test_an_action_in_backticks_before_a_period_is_read() -> None:
+    assert parse_action("Thought: the centre.\nAction: `4`.", [str(i) for i in range(9)]).action == "4"

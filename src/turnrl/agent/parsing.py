@@ -37,7 +37,8 @@ def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     for pat in (_REACT, _RLFT_LINE if free_text else _RLFT_WORD):
         for m in pat.finditer(text):
-            value = next(g for g in m.groups() if g is not None).strip().strip("`'\"").rstrip(".")
+            # quotes, then a sentence's period, then quotes inside it: "Action: `4`." is 4
+            value = next(g for g in m.groups() if g is not None).strip().strip("`'\"").rstrip(".").strip("`'\"")
             if value:
                 found.append((m.start(), value))
     found.sort()

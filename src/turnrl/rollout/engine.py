@@ -7,11 +7,11 @@ the model's own distribution (temperature 1, no top-p), which is what training c
 The HF engine runs every prompt of a step in one ``generate`` call (left padding); a vLLM
 engine with the same interface serves GPUs.
 
-Several samples of one prompt (Best-of-N, CHAI's ``k`` candidates, SPPO's ``K`` samples)
-arrive as consecutive copies of the same prompt. The HF engine then prefills each distinct
-prompt once and repeats its KV cache for the copies, instead of running the same prompt
-through the model once per copy; the sampling itself is unchanged (the same rows in the same
-order, so the same random draws).
+Several samples of one prompt (Best-of-N, CHAI's ``k`` candidates, SPPO's ``K`` samples, the
+first turns of games that start alike) arrive as copies of the same prompt, next to each other
+or not. The HF engine then prefills each distinct prompt once and repeats its KV cache for the
+copies, instead of running the same prompt through the model once per copy; the sampling itself
+is unchanged (the same rows in the same order, so the same random draws).
 
 **A random stream per row.** With temperature > 0, ``generate`` takes one seed per prompt
 (``seeds``), and row ``i``'s tokens are drawn from uniforms of its own generator, seeded with
@@ -32,7 +32,6 @@ import inspect
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -134,7 +133,10 @@ def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
 #: its :class:`SamplingConfig`, as the vLLM engine does
 _NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None,
                             "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_new_tokens": None,
-                            "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None}
+                            "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                            # a model's static / sliding-window cache setting: the shared-prefix path passes
+                            # its own cache, which generate refuses together with one
+                            "cache_implementation": None}
 
 
 class HFEngine:
@@ -173,19 +175,18 @@ class HFEngine:
     def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                   seeds: Sequence[int] | None) -> list[Generation]:
         self.calls += 1
-        counts = _runs(prompts) if self.share_prefix else [1] * len(prompts)
-        firsts = list(accumulate([0, *counts[:-1]]))
+        firsts, row_of = _distinct(prompts) if self.share_prefix else (list(range(len(prompts))), list(range(len(prompts))))
         width = max(len(p) for p in prompts)
         ids, attn = _left_pad([prompts[i] for i in firsts], width, self.pad_id)
         greedy = sampling.temperature <= 0
         was_training = self.model.training
         self.model.eval()
         # row i of the batch is distinct prompt rows[i]
-        rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        rows = torch.tensor(row_of, dtype=torch.long)
         kwargs: dict[str, Any] = {}
-        if len(counts) < len(prompts) and width > 1:
+        if len(firsts) < len(prompts) and width > 1:
             kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows)
-            self.shared_rows += len(prompts) - len(counts)
+            self.shared_rows += len(prompts) - len(firsts)
         ids, attn = ids[rows], attn[rows]
         if not greedy:  # each row draws from its own stream; generate then picks the drawn token
             from transformers import LogitsProcessorList
@@ -237,15 +238,20 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _runs(prompts: Sequence[Sequence[int]]) -> list[int]:
-    """Lengths of the runs of identical consecutive prompts: ``[a, a, b, a]`` -> ``[2, 1, 1]``."""
-    counts: list[int] = []
+def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """``(firsts, rows)``: where each distinct prompt first occurs, and for every prompt the
+    position of its distinct prompt in ``firsts``: ``[a, b, a, c]`` -> ``([0, 1, 3], [0, 1, 0, 2])``
+    (copies need not be neighbours: SPPO and ETO repeat a task after the other tasks)."""
+    index: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    rows: list[int] = []
     for i, p in enumerate(prompts):
-        if i and list(p) == list(prompts[i - 1]):
-            counts[-1] += 1
-        else:
-            counts.append(1)
-    return counts
+        key = tuple(p)
+        if key not in index:
+            index[key] = len(firsts)
+            firsts.append(i)
+        rows.append(index[key])
+    return firsts, rows
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

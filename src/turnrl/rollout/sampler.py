@@ -129,6 +129,10 @@ class Sampler:
     ) -> list[Trajectory]:
         """Play every episode of ``specs``; returns trajectories in ``specs`` order."""
         pending = deque(specs)
+        order = [s.index for s in pending]
+        if len(set(order)) != len(order):  # episodes are kept by index: a repeated one would shadow another
+            dup = next(i for i in order if order.count(i) > 1)
+            raise ValueError(f"episode index {dup} appears twice in the specs; indices must be distinct")
         total = len(pending)
         while len(self._envs) < min(self.num_envs, total):
             self._envs.append(self.make_env())
@@ -155,7 +159,7 @@ class Sampler:
                     if on_episode is not None:
                         on_episode(traj)
                     slot.spec = None
-        return [done[k] for k in sorted(done)]
+        return [done[k] for k in order]
 
     def _act(self, active: Sequence[_Slot], requests: Sequence[Request]) -> list[Any]:
         """The policy's replies; slots still in a replayed prefix get its reply, slots in their

@@ -96,6 +96,9 @@ Departures from the paper (and why):
   full-vocabulary KL(pi_theta || pi_ref) at each sampled position.
 * The thinking budget G (``max_new_tokens``) defaults to 64 tokens, not 256: the tiny model's
   rationales are short, and a CPU pays for every budget token of a rollout.
+* The action is the reply's last *valid* one (``agent.parsing``, the same for every method),
+  where DESIGN's RLFT reads the last match: a reply whose last ``ACTION=`` is invalid after an
+  earlier valid one acts on that one, without the invalid-action penalty.
 * epsilon-greedy draws from the env's ``valid_actions``: on a turn where the env lists none
   (ScienceWorld, the shop's search page) the model's own reply is played.
 * Several processes (accelerate / torchrun): each process plays the whole rollout (the same

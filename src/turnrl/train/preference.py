@@ -174,7 +174,7 @@ def _view_unit(chat: ChatFormat, trajs: Sequence[Trajectory], start: int, cfg: P
             return None
         seqs += views
         sides += [side] * len(views)
-        turns.append(max(max(x for x in v.turn_index if x >= 0) for v in views) + 1)
+        turns.append(t.num_turns - start)  # the trajectory's own T (DMPO), views cut for length or not
     stats["dropped_turns"] += dropped["dropped_turns"]
     return Unit(seqs, turns, win_rate=win_rate, sides=sides)
 
@@ -226,7 +226,9 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
                 stats["skipped_identical"] += 1
                 continue
             stats["dropped_turns"] += c.dropped_turns + r.dropped_turns
-            units.append(Unit([c, r], [c.num_turns, r.num_turns]))
+            # each side's T is its trajectory's (DMPO's phi(t, T)), also when max_length cut turns off:
+            # the cut turns have no tokens and add nothing, the kept ones keep their weights
+            units.append(Unit([c, r], [c.num_turns + c.dropped_turns, r.num_turns + r.dropped_turns]))
     if not units:
         raise TurnRLError(f"{p}: no usable {'samples' if cfg.loss == 'sppo' else 'pairs'} "
                           f"(every one is empty or longer than max_length={cfg.max_length}"
@@ -297,9 +299,12 @@ class PreferenceObjective:
         if cfg.loss == "sppo":
             policy = torch.stack([p[0].sum() for p in pol])
             ref = torch.stack([r[0].sum() for r in ref_rows])
-            rates = torch.tensor([u.win_rate for u in examples], dtype=policy.dtype, device=dev)
-            chosen = rates > 0.5
-            return sppo_loss(policy, ref, rates, eta=cfg.eta, variant=cfg.sppo_variant, is_chosen=chosen)
+            rates = torch.tensor([u.win_rate for u in examples], dtype=torch.float64)
+            if cfg.sppo_variant == "hard":
+                # P-hat 1 above 1/2 and 0 below (the hard targets +-eta/2); a tie with the group is held
+                # where it is (target 0), as the soft variant holds it: not pushed down as a loser
+                rates = torch.where(rates > 0.5, 1.0, torch.where(rates < 0.5, 0.0, 0.5))
+            return sppo_loss(policy, ref, rates.to(policy.dtype).to(dev), eta=cfg.eta, variant="soft")
         pc = _pad_turns([p[0] for p in pol], width)
         pr = _pad_turns([p[1] for p in pol], width)
         rc = _pad_turns([r[0] for r in ref_rows], width)
@@ -430,6 +435,8 @@ def train_preference(
 
     if cfg.sft_weight > 0 and cfg.loss == "sppo":
         raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
+    if cfg.label_smoothing > 0 and cfg.loss != "dpo":
+        raise TurnRLError(f"label_smoothing applies to dpo (cDPO), not to {cfg.loss}")
     tok = load_tokenizer(model_name)
     chat = training_chat(model_name, tok)  # the sampler's stop ids
     pad_id = tok.pad_token_id or 0
