@@ -20,6 +20,41 @@ from turnrl.pipelines.iterative import is_done, iter_dir, marker_path, read_done
 # ----------------------------------------------------------------------------- the skeleton
 
 
+def test_a_copied_or_moved_run_reads_its_own_stage_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished stage's result names paths in the run (a model folder): in a copy of the run they
+    are the copy's, and a moved run still finds them (absolute and relative outs alike)."""
+    import shutil
+
+    def train(p: Path) -> dict[str, Any]:
+        (p / "model").mkdir(parents=True)
+        return {"model": str(p / "model"), "elsewhere": "/opt/models/base", "n": 3}
+
+    monkeypatch.chdir(tmp_path)
+    for a, b in ((tmp_path / "A", tmp_path / "B"), (Path("runs/A"), Path("runs/B"))):
+        run_stage(a / "iter-1" / "train", train)
+        shutil.copytree(a, b)
+        got = run_stage(b / "iter-1" / "train", lambda p: pytest.fail("a finished stage ran again"))
+        assert got == {"model": str(b / "iter-1" / "train" / "model"), "elsewhere": "/opt/models/base", "n": 3}
+        shutil.rmtree(a)
+        (b / "moved").mkdir()
+        shutil.move(str(b / "iter-1"), str(b / "moved" / "iter-1"))
+        assert read_done(b / "moved" / "iter-1" / "train")["model"] == str(b / "moved" / "iter-1" / "train" / "model")
+
+
+def test_a_model_replaced_in_place_is_another_setting(tmp_path: Path) -> None:
+    from turnrl.pipelines.iterative import check_settings, model_fingerprints
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"one")
+    check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})
+    check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})  # same: resumes
+    (model / "model.safetensors").write_bytes(b"two")
+    with pytest.raises(TurnRLError, match="model_fingerprints.model"):
+        check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})
+    assert model_fingerprints(base="tiny", model=None) == {}
+
+
 def test_stage_runs_once_then_is_skipped(tmp_path: Path) -> None:
     calls: list[Path] = []
 
@@ -1143,3 +1178,49 @@ def test_settings_record_the_command_and_another_commands_folder_is_refused(
     check_settings(old, {"env": "tictactoe"}, command="quickstart")
     with pytest.raises(TurnRLError, match=r"env: \"tictactoe\", now \"bandit\""):
         check_settings(old, {"env": "bandit"}, command="quickstart")
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["dmpo", "loss=dpo"], "'turnrl dmpo' trains with loss=dmpo"),
+    (["eto", "seed=-2"], "'seed': must be in [0, 2147483647]"),
+    (["eto", "out="], "out is empty"),
+    (["eto", "eval_splits=[]"], "eval_splits is empty"),
+    (["compare", "seeds=[-1]"], "'seeds': must be in [0, 2147483647]"),
+    (["compare", "seeds=[99999999999999999999]"], "'seeds': must be in"),
+    (["compare", "methods=[]"], "methods is empty"),
+    (["compare", "pipeline.loss=ipo"], "pipeline.loss=ipo: each method sets its loss"),
+    (["compare", "pipeline.seed=7"], "pipeline.seed=7: the seeds are `seeds`"),
+    (["compare", "pipeline.out=/elsewhere"], "pipeline.out=/elsewhere"),
+])
+def test_pipeline_settings_that_cannot_work_are_one_line_errors_before_any_work(
+        args: list[str], named: str, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_cli import one_line_error, run
+
+    monkeypatch.chdir(tmp_path)
+    out = [] if any(a.startswith("out=") for a in args) else [f"out={tmp_path / 'run'}"]
+    assert named in one_line_error(*run([*args, *out], capsys)[::2])
+    assert not (tmp_path / "run").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_plots_are_written_whole_under_their_name(tmp_path: Path) -> None:
+    from turnrl.report import _plt, atomic_savefig
+
+    plt = _plt()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    (tmp_path / "p.png").write_bytes(b"old")
+    atomic_savefig(fig, tmp_path / "p.png", dpi=50)
+    plt.close(fig)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sorted(os.listdir(tmp_path)) == ["p.png"]
+
+
+def test_another_env_takes_its_own_prompt_and_options() -> None:
+    """The pipeline's prompt defaults are the quickstart's tic-tac-toe ones; env=bandit must not play
+    the bandit with a tic-tac-toe instruction or a tic-tac-toe option."""
+    from turnrl.pipelines.eto import EtoConfig
+
+    cfg = load_config(EtoConfig, None, ["env=bandit"])
+    assert cfg.instruction is None and cfg.env_opts == {} and cfg.history is None
+    assert load_config(EtoConfig, None, ["env=bandit", "history=2", "env_opts.arms=3"]).env_opts == {"arms": 3}
+    ttt = load_config(EtoConfig, None, [])
+    assert ttt.instruction is not None and "tic-tac-toe" in ttt.instruction and ttt.history == 0

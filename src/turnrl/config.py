@@ -41,8 +41,18 @@ class Range(NamedTuple):
             return v
         if self.hi is None:
             what = "a finite number " if isinstance(v, float) else ""
-            raise ValueError(f"must be {what}{'>' if self.lo_open else '>='} {self.lo:g}")
-        raise ValueError(f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}")
+            raise ValueError(f"must be {what}{'>' if self.lo_open else '>='} {_bound(self.lo)}")
+        raise ValueError(f"must be in {'(' if self.lo_open else '['}{_bound(self.lo)}, {_bound(self.hi)}"
+                         f"{')' if self.hi_open else ']'}")
+
+
+def _bound(x: float) -> str:
+    """A range's end as written: ``0.5``, ``1e-05``, and a large whole number in full (2147483647)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) >= 1e6 else f"{x:g}"
+
+
+#: the seeds a config takes: numpy's and torch's generators refuse negative and very large ones
+SEED_RANGE = Range(0, 2**31 - 1)
 
 
 class Config(BaseModel):
@@ -66,8 +76,15 @@ class Config(BaseModel):
     @field_validator("*")
     @classmethod
     def _in_range(cls, v: Any, info: ValidationInfo) -> Any:
-        allowed = cls.value_ranges.get(info.field_name or "")
-        return v if allowed is None or v is None else allowed.check(v)
+        name = info.field_name or ""
+        allowed = cls.value_ranges.get(name)
+        if allowed is None and (name == "seed" or name.endswith("_seed") or name == "seeds"):
+            allowed = SEED_RANGE  # every seed: numpy and torch take no negative or 64-bit one
+        if allowed is None or v is None:
+            return v
+        if isinstance(v, list):
+            return [allowed.check(x) for x in v]
+        return allowed.check(v) if isinstance(v, int | float) else v
 
 
 _NUMBERS = (int, float)

@@ -749,11 +749,13 @@ def report(result: dict[str, Any], where: Path) -> None:
                          + "; ".join(f"vs {opp} {d[opp]['mean']:+.3f} [{d[opp]['ci95'][0]:+.3f}, "
                                      f"{d[opp]['ci95'][1]:+.3f}]" for opp in ("random", "minimax")))
         _ttt_plot(t, where / "rlft-tictactoe.png")
-    (where / "rlft-tables.md").write_text("\n".join(lines) + "\n")
+    from turnrl.train.core import atomic_write_text
+
+    atomic_write_text(where / "rlft-tables.md", "\n".join(lines) + "\n")
 
 
 def _ttt_plot(t: dict[str, Any], path: Path) -> None:
-    from turnrl.report import _plt
+    from turnrl.report import _plt, atomic_savefig
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -771,7 +773,7 @@ def _ttt_plot(t: dict[str, Any], path: Path) -> None:
     ax.set_title("tic-tac-toe, tiny model", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,17 @@ def _plt() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def atomic_savefig(fig: Any, path: str | Path, **kwargs: Any) -> None:
+    """``fig.savefig(path, **kwargs)`` atomically: the image is written under a temporary name
+    with ``path``'s suffix (matplotlib reads the format from it), then renamed into place, so a
+    reader never sees half a PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    fig.savefig(tmp, **kwargs)
+    os.replace(tmp, path)
 
 
 def markdown_table(results: Sequence[dict[str, Any]], *, label: str = "policy") -> str:
@@ -49,7 +61,7 @@ def plot_training_loss(metrics_path: str | Path, out_png: str | Path, title: str
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    atomic_savefig(fig, out_png, dpi=120)
     plt.close(fig)
     return Path(out_png)
 
@@ -82,6 +94,6 @@ def plot_rewards(results: Sequence[dict[str, Any]], out_png: str | Path, *, labe
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    atomic_savefig(fig, out_png, dpi=120)
     plt.close(fig)
     return Path(out_png)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from turnrl.cli.output import console
+from turnrl.errors import TurnRLError
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
 ConfigOpt = Annotated[Path | None, typer.Option(help="YAML config.")]
@@ -21,6 +22,9 @@ def _run(loss: str | None, config: Path | None, overrides: list[str] | None) -> 
 
     base = {"loss": loss} if loss else None
     cfg = load_config(EtoConfig, config, overrides, base=base)
+    if loss is not None and cfg.loss != loss:  # turnrl dmpo runs DMPO: not DPO because a config says so
+        raise TurnRLError(f"loss={cfg.loss}: 'turnrl {loss}' trains with loss={loss}; use 'turnrl eto' for "
+                          f"loss={cfg.loss}")
     with made_by(loss or "eto"):  # recorded in OUT/settings.json: another command's folder is refused
         summary = run_pipeline(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     results = list(summary["start"]["results"])

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from turnrl.report import _plt
+from turnrl.report import _plt, atomic_savefig
 
 DPI = 100
 #: line styles cycled over policies (curves that coincide stay visible)
@@ -15,7 +15,7 @@ STYLES = ("-", "--", "-.", ":")
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    atomic_savefig(fig, path, dpi=DPI)
     _plt().close(fig)
     return path
 

@@ -217,6 +217,15 @@ register_method("sppo_dpo", lambda run: _sppo(run, "dpo"))
 
 
 def _check(cfg: CompareConfig) -> None:
+    if not cfg.methods:
+        raise TurnRLError(f"methods is empty: nothing to compare; choose from: {', '.join(METHODS)}")
+    if not str(cfg.out).strip():
+        raise TurnRLError("out is empty: give the comparison a folder (it would write into the current one)")
+    for key in ("loss", "seed", "out"):  # each row sets these itself: a value given here would do nothing
+        if key in cfg.pipeline.model_fields_set and getattr(cfg.pipeline, key) != type(cfg.pipeline).model_fields[key].default:
+            what = {"loss": "each method sets its loss", "seed": "the seeds are `seeds`",
+                    "out": "the folders are under `out`"}[key]
+            raise TurnRLError(f"pipeline.{key}={getattr(cfg.pipeline, key)}: {what}; remove pipeline.{key}")
     for m in cfg.methods:
         if m not in METHODS:
             raise TurnRLError(f"methods: unknown method '{m}'{did_you_mean(m, list(METHODS))}; "
@@ -577,7 +586,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
     """The PNG plots in ``out``; a plot with nothing to show (e.g. the DMPO gamma plot of a run
     without DMPO) is not written, and a stale one from an earlier run of ``out`` is removed.
     Returns the names of the plots written."""
-    from turnrl.report import _plt, plot_rewards
+    from turnrl.report import _plt, atomic_savefig, plot_rewards
 
     main = [r for r in rows if not r["method"].startswith("dpo-") and "-k" not in r["method"]]
     plot_rewards(main, out / "reward_by_method.png", label="method",
@@ -596,7 +605,7 @@ def plot_all(cfg: CompareConfig, records: list[Record], rows: list[Record], out:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        atomic_savefig(fig, path, dpi=120)
         plt.close(fig)
         written.append(path.name)
 

@@ -53,13 +53,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import model_validator
+
 from turnrl.agent.prompting import PromptConfig
 from turnrl.config import Config, Range
 from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
-from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage
+from turnrl.pipelines.iterative import check_settings, iter_dir, model_fingerprints, run_stage
 from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
 from turnrl.rollout.sampler import EpisodeSpec
 from turnrl.train.preference import PreferenceConfig
@@ -141,6 +143,15 @@ class AgentPipelineConfig(Config):
     value_ranges = {"history": Range(0), "eval_temperature": Range(0),
                     **dict.fromkeys(("expert_episodes", "eval_episodes", "num_envs", "max_new_tokens"), Range(1))}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _env_defaults(cls, data: Any) -> Any:
+        """The prompt and env options above are the quickstart's tic-tac-toe ones: another ``env``
+        takes its own instruction, its default options and the full history unless they are given."""
+        if isinstance(data, dict) and data.get("env", ENV) != ENV:
+            data = {"instruction": None, "env_opts": {}, "history": PromptConfig().history, **data}
+        return data
+
     def plan_seed(self) -> int:
         """The seed of the train-task plan (``data_seed``, else ``seed``)."""
         return self.seed if self.data_seed is None else self.data_seed
@@ -157,6 +168,10 @@ class AgentPipelineConfig(Config):
         from turnrl.models.loading import check_model_name
 
         envs.make(self.env, **self.env_opts).close()
+        if not str(getattr(self, "out", "x")).strip():
+            raise TurnRLError("out is empty: give the run a folder (it would write into the current one)")
+        if not self.eval_splits:
+            raise TurnRLError("eval_splits is empty: nothing would be evaluated; choose from: train, seen, unseen")
         for key in ("model", "base"):
             if getattr(self, key) is not None:
                 check_model_name(getattr(self, key), key)
@@ -282,12 +297,12 @@ def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tup
     from turnrl.rollout.policies import ExpertPolicy
 
     out = Path(out)
-    base = prepare_base_model(cfg, out, log)
     expert = out / "expert.jsonl"
     specs = _train_specs(cfg)
     run_stage(expert, lambda p: rollout_stats(_play(ExpertPolicy(), cfg, specs, p)), log=log)
-    if cfg.model is not None:
+    if cfg.model is not None:  # a given start: no base model to build
         return cfg.model, expert
+    base = prepare_base_model(cfg, out, log)
 
     def sft(p: Path) -> str:
         from turnrl.train.sft import train_sft
@@ -518,7 +533,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
         raise TurnRLError("run_pipeline: model and expert are given together (an agent and its demos), or neither")
     out = Path(out if out is not None else cfg.out)
     given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
-    check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given}, free=("iterations",))
+    check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given,
+                         **model_fingerprints(model=cfg.model, base=cfg.base, given_model=model)}, free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare

@@ -83,13 +83,43 @@ def is_done(output: str | Path) -> bool:
 
 
 def read_done(output: str | Path) -> Any:
-    """The result a finished stage recorded in its marker."""
-    return json.loads(marker_path(output).read_text())["result"]
+    """The result a finished stage recorded in its marker. Paths in it that point into the run's
+    folder follow the folder when it was copied or moved since (the marker records where it was)."""
+    record = json.loads(marker_path(output).read_text())
+    result = record["result"]
+    for key, now in (("dir", Path(output).resolve().parent), ("dir_as_given", Path(output).parent)):
+        then = record.get(key)
+        if isinstance(then, str) and then != str(now):
+            result = _rebase(result, *_moved_root(Path(then), now))
+    return result
 
 
 def mark_done(output: str | Path, result: Any = None, seconds: float | None = None) -> None:
     """Write ``output``'s completion marker (atomically); call it after the output is complete."""
-    atomic_write_json(marker_path(output), {"result": result, "seconds": seconds})
+    atomic_write_json(marker_path(output), {"result": result, "seconds": seconds,
+                                            "dir": str(Path(output).resolve().parent),
+                                            "dir_as_given": str(Path(output).parent)})
+
+
+def _moved_root(then: Path, now: Path) -> tuple[str, str]:
+    """The folder that moved, before and after: ``then`` and ``now`` less the trailing parts they
+    share (``/a/run/iter-1`` -> ``/b/run2/iter-1`` moved ``/a/run`` to ``/b/run2``)."""
+    a, b = then.parts, now.parts
+    k = 0
+    while k < min(len(a), len(b)) - 1 and a[-1 - k] == b[-1 - k]:
+        k += 1
+    return str(Path(*a[: len(a) - k])), str(Path(*b[: len(b) - k]))
+
+
+def _rebase(value: Any, old: str, new: str) -> Any:
+    """``value`` with every string under the folder ``old`` moved under ``new``."""
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, list):
+        return [_rebase(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebase(v, old, new) for k, v in value.items()}
+    return value
 
 
 #: Settings that are free-form dicts (an env's options, compare's ``sppo`` section) rather than
@@ -114,6 +144,17 @@ def _get(tree: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         tree = tree[part]
     return tree
+
+
+def model_fingerprints(**models: str | Path | None) -> dict[str, Any]:
+    """Settings entries that pin the weights of the models a run starts from (given by folder or hub
+    id; None and the embedded ``tiny``, which OUT builds, are left out): a model replaced in place
+    under the same path is then another setting, and its finished stages are not reused. Folders
+    made before this key existed lack it and resume as before (a key one side lacks is not compared)."""
+    from turnrl.models.loading import model_fingerprint
+
+    prints = {k: model_fingerprint(str(v)) for k, v in models.items() if v is not None and str(v) != "tiny"}
+    return {"model_fingerprints": prints} if prints else {}
 
 
 def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str, ...] = (),

@@ -53,8 +53,8 @@ from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.oracles import OracleConfig, make_oracle, score_samples, select_samples
 from turnrl.pipelines.eto import AgentPipelineConfig
-from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage
-from turnrl.train.core import atomic_write_json
+from turnrl.pipelines.iterative import check_settings, iter_dir, model_fingerprints, run_stage
+from turnrl.train.core import atomic_write_json, atomic_write_text
 from turnrl.train.preference import PreferenceConfig
 
 Log = Callable[[str], None]
@@ -210,7 +210,9 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
 
     cfg.check()
     out = Path(out if out is not None else cfg.out)
-    check_settings(out, cfg.model_dump(mode="json", exclude={"out"}), free=("iterations",))
+    check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}),
+                         **model_fingerprints(model=cfg.model, base=cfg.base, oracle_model=cfg.oracle.model)},
+                   free=("iterations",))
     if log is None and console is not None:
         def log(msg: str) -> None:
             console.print(f"[dim]sppo[/dim] {msg}")
@@ -223,7 +225,7 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
         iterations.append({"iteration": i, "model": current, "results": results, "data": stats})
     summary = {"out": str(out), "method": cfg.loss, "start": {"model": str(start_model), "results": start},
                "iterations": iterations, "final_model": current, "config": cfg.model_dump(mode="json")}
-    (out / "report.md").write_text(report(summary))
+    atomic_write_text(out / "report.md", report(summary))
     atomic_write_json(out / "summary.json", summary)
     if console is not None:
         console.print(report(summary))
