@@ -179,7 +179,6 @@ def test_expert_collection_through_the_sampler(name: str) -> None:
     ("guess_my_city", "Is the city in the United States and on the coast?", ["city-chicago", "city-new-york"]),
     ("guess_my_city", "Is it not in Europe?", ["city-paris", "city-tokyo"]),
     ("twenty_questions", "Is it not an animal?", ["20q-dog", "20q-apple"]),
-    ("twenty_questions", "Is it a big animal?", ["20q-dog", "20q-elephant", "20q-apple"]),
 ])
 def test_a_compound_question_is_refused_whatever_the_secret(env_name: str, question: str, secrets: list[str]) -> None:
     """Whether a free-text question is two questions in one is read from its words: the refusal does
@@ -204,3 +203,12 @@ def test_a_guess_may_name_the_citys_country(secret: str, guess: str) -> None:
     assert terminated and reward == 0.0 and info["success"]
     env.reset(options={"task_id": "city-tokyo"})  # a wrong guess is a wrong guess, not a question
     assert env.step(guess)[0].startswith("No, it is not")
+
+
+@pytest.mark.parametrize(("secret", "question"), [("20q-apple", "Is it green in color?"),
+                                                  ("20q-apple", "Is it something you wear on your feet?")])
+def test_a_paraphrase_with_a_words_of_an_alias_is_still_one_question(secret: str, question: str) -> None:
+    env = envs.make("twenty_questions", free_text=True)
+    env.reset(options={"task_id": secret})
+    obs, _, _, _, info = env.step(question)
+    assert obs.split(".")[0] in ("Yes", "No") and not info["invalid"], obs

@@ -27,14 +27,18 @@ def test_a_copied_or_moved_run_reads_its_own_stage_results(tmp_path: Path, monke
 
     def train(p: Path) -> dict[str, Any]:
         (p / "model").mkdir(parents=True)
-        return {"model": str(p / "model"), "elsewhere": "/opt/models/base", "n": 3}
+        return {"model": str(p / "model"), "elsewhere": "/opt/models/base", "n": 3,
+                "beside": str(p.parent.parent / "other" / "model")}  # outside the marker's folder: left
 
     monkeypatch.chdir(tmp_path)
-    for a, b in ((tmp_path / "A", tmp_path / "B"), (Path("runs/A"), Path("runs/B"))):
+    for a, b in ((tmp_path / "A", tmp_path / "B"), (Path("runs/A"), Path("runs/B")),
+                 (tmp_path / "runs" / "exp", tmp_path / "runs" / "archive" / "exp")):
         run_stage(a / "iter-1" / "train", train)
         shutil.copytree(a, b)
         got = run_stage(b / "iter-1" / "train", lambda p: pytest.fail("a finished stage ran again"))
-        assert got == {"model": str(b / "iter-1" / "train" / "model"), "elsewhere": "/opt/models/base", "n": 3}
+        assert got == {"model": str(b / "iter-1" / "train" / "model"), "elsewhere": "/opt/models/base", "n": 3,
+                       "beside": str(a / "other" / "model")}
+        assert Path(got["model"]).is_dir()
         shutil.rmtree(a)
         (b / "moved").mkdir()
         shutil.move(str(b / "iter-1"), str(b / "moved" / "iter-1"))

@@ -946,7 +946,8 @@ def test_a_minibatch_spans_the_processes(monkeypatch: pytest.MonkeyPatch) -> Non
     torchrun: the same epochs and units per step as one process)."""
     from turnrl.train import ppo
 
-    monkeypatch.setattr(ppo, "_num_processes", lambda: 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun and accelerate launch set it: no accelerate state built
+    assert ppo._num_processes() == 2
     ppo._check(bandit_cfg(episodes_per_iter=4, minibatches=2, batch_size=1), "bandit")
     with pytest.raises(TurnRLError, match="times the 2 processes"):
         ppo._check(bandit_cfg(episodes_per_iter=4, minibatches=2, batch_size=2), "bandit")

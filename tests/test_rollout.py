@@ -584,3 +584,10 @@ def test_the_sampler_returns_specs_order_and_refuses_a_repeated_index() -> None:
 
 def test_an_action_in_backticks_before_a_period_is_read() -> None:
     assert parse_action("Thought: the centre.\nAction: `4`.", [str(i) for i in range(9)]).action == "4"
+
+
+@pytest.mark.parametrize(("reply", "action"), [("Action: go to \"desk 1\".", 'go to "desk 1"'),
+                                                ("Action: Is it called \"Big Ben\".", 'Is it called "Big Ben"'),
+                                                ("Action: \"4\".", "4")])
+def test_quotes_inside_an_action_stay(reply: str, action: str) -> None:
+    assert parse_action(reply).action == action

@@ -33,12 +33,22 @@ class ParsedAction:
     candidates: tuple[str, ...] = ()
 
 
+def _bare(raw: str) -> str:
+    """An action as written, less quotes around it and a sentence's period: ``4``, ```4```, ``"4".``
+    and ```4`.`` are ``4``; quotes inside it stay (``go to "desk 1".`` is ``go to "desk 1"``)."""
+    raw = raw.strip()
+    value = raw.strip("`'\"").rstrip(".")
+    inner = raw[:-1].rstrip() if raw.endswith(".") else ""
+    if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "`'\"":  # a quoted value, then the period
+        value = inner[1:-1].strip().rstrip(".")
+    return value
+
+
 def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     for pat in (_REACT, _RLFT_LINE if free_text else _RLFT_WORD):
         for m in pat.finditer(text):
-            # quotes, then a sentence's period, then quotes inside it: "Action: `4`." is 4
-            value = next(g for g in m.groups() if g is not None).strip().strip("`'\"").rstrip(".").strip("`'\"")
+            value = _bare(next(g for g in m.groups() if g is not None))
             if value:
                 found.append((m.start(), value))
     found.sort()

@@ -134,10 +134,6 @@ class QAGame(TextEnv):
             for t in (q.text, *q.aliases):
                 self._exact.setdefault(_norm(t), q)
         self._loose = [(q, _content(q.text)) for q in self.questions]
-        # a question's own words (its text and aliases), and every word some question is asked with
-        self._loose_words = {id(q): frozenset().union(*(_content(t) for t in (q.text, *q.aliases)))
-                             for q in self.questions}
-        self._known = frozenset().union(*self._loose_words.values())
         # compound words that a listed question itself uses ("eat or drink") do not make a text compound
         self._compound = _COMPOUND - {w for q in self.questions for t in (q.text, *q.aliases) for w in _norm(t).split()}
         self._names: dict[str, Item] = {}
@@ -282,11 +278,11 @@ class QAGame(TextEnv):
             if hits:
                 top = max(len(c) for _, c in hits)
                 tied = [q2 for q2, c in hits if len(c) == top]
-                # two questions in one (words of another question: "in the United States on the coast",
-                # "a big animal"), or
-                # ambiguous by its words alone: whether the parts' answers agree for this secret must
-                # not decide it, or the refusal itself would tell about the secret
-                if len(tied) > 1 or (words - self._loose_words[id(tied[0])]) & self._known:
+                # two questions in one (another listed question's words, none shared with this one's: "in
+                # the United States on the coast"), or ambiguous by its words alone: whether the parts'
+                # answers agree for this secret must not decide it, or the refusal would tell about it
+                top_words = next(c for q2, c in hits if q2 is tied[0])
+                if len(tied) > 1 or any(not c & top_words for _, c in hits):
                     return "unknown", "Please ask one question at a time.", None
                 q = tied[0]
         if q is None:

@@ -86,12 +86,11 @@ def read_done(output: str | Path) -> Any:
     """The result a finished stage recorded in its marker. Paths in it that point into the run's
     folder follow the folder when it was copied or moved since (the marker records where it was)."""
     record = json.loads(marker_path(output).read_text())
-    result = record["result"]
-    for key, now in (("dir", Path(output).resolve().parent), ("dir_as_given", Path(output).parent)):
-        then = record.get(key)
-        if isinstance(then, str) and then != str(now):
-            result = _rebase(result, *_moved_root(Path(then), now))
-    return result
+    then_abs, then_given = record.get("dir"), record.get("dir_as_given")
+    if not isinstance(then_abs, str) or not isinstance(then_given, str):
+        return record["result"]  # a marker of before 29 Nov 2026: as recorded
+    return _rebase(record["result"], (then_abs, str(Path(output).resolve().parent)),
+                   (then_given, str(Path(output).parent)))
 
 
 def mark_done(output: str | Path, result: Any = None, seconds: float | None = None) -> None:
@@ -101,24 +100,19 @@ def mark_done(output: str | Path, result: Any = None, seconds: float | None = No
                                             "dir_as_given": str(Path(output).parent)})
 
 
-def _moved_root(then: Path, now: Path) -> tuple[str, str]:
-    """The folder that moved, before and after: ``then`` and ``now`` less the trailing parts they
-    share (``/a/run/iter-1`` -> ``/b/run2/iter-1`` moved ``/a/run`` to ``/b/run2``)."""
-    a, b = then.parts, now.parts
-    k = 0
-    while k < min(len(a), len(b)) - 1 and a[-1 - k] == b[-1 - k]:
-        k += 1
-    return str(Path(*a[: len(a) - k])), str(Path(*b[: len(b) - k]))
-
-
-def _rebase(value: Any, old: str, new: str) -> Any:
-    """``value`` with every string under the folder ``old`` moved under ``new``."""
+def _rebase(value: Any, absolute: tuple[str, str], given: tuple[str, str]) -> Any:
+    """``value`` with every path string under the marker's folder as it was (``(then, now)``: the
+    absolute folder for absolute paths, the folder as given for relative ones) moved under the
+    folder as it is now. Paths elsewhere are left alone; each string moves at most once."""
     if isinstance(value, str):
-        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+        old, new = absolute if os.path.isabs(value) else given
+        if old != new and (value == old or value.startswith(old.rstrip("/") + "/")):
+            return new + value[len(old):]
+        return value
     if isinstance(value, list):
-        return [_rebase(v, old, new) for v in value]
+        return [_rebase(v, absolute, given) for v in value]
     if isinstance(value, dict):
-        return {k: _rebase(v, old, new) for k, v in value.items()}
+        return {k: _rebase(v, absolute, given) for k, v in value.items()}
     return value
 
 

@@ -806,11 +806,13 @@ class Trainer:
         }
         for k, v in zip(keys, packed[1:].tolist(), strict=True):
             record[k] = v / denom
-        if metric_max:
-            max_names = sorted(metric_max)
-            local = torch.tensor([metric_max[k] for k in max_names], dtype=torch.float64, device=acc.device)
+        if max_keys:  # every process gathers every declared key (-inf where it has none), or they would hang
+            max_names = sorted(max_keys)
+            local = torch.tensor([metric_max.get(k, -math.inf) for k in max_names], dtype=torch.float64,
+                                 device=acc.device)
             for k, v in zip(max_names, acc.gather(local[None]).amax(dim=0).tolist(), strict=True):
-                record[k] = v
+                if math.isfinite(v):
+                    record[k] = v
         return record
 
     # ------------------------------------------------------------------ eval / logging

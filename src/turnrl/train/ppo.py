@@ -756,10 +756,13 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
 
 
 def _num_processes() -> int:
-    """Processes of this launch (accelerate / torchrun); 1 without a launcher."""
-    from accelerate import PartialState
+    """Processes of this launch (accelerate / torchrun set ``WORLD_SIZE``); 1 without a launcher.
+    Read from the environment: building accelerate's ``PartialState`` here, before the trainer's
+    ``Accelerator(cpu=...)``, would fix the process state too early (a CPU launch would then
+    train every process alone)."""
+    import os
 
-    return int(PartialState().num_processes)
+    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
 
 
 def advantage_kind(cfg: PPOConfig, env_name: str) -> str:
