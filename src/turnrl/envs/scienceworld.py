@@ -9,12 +9,16 @@ its ids round-robin over tasks (variation 1 of every task, then variation 2...),
 first N episodes of a split cover every task. Unknown task names or variations (a
 variation outside its task's range) are one-line errors. ``task_names`` restricts the env
 to some tasks; ``simplification`` passes ScienceWorld's simplifications (``easy``,
-``openDoors``...).
+``openDoors``...). ETO evaluates on the same dev / test split but on 24 tasks, at most 10
+test variations each, with ``easy`` and its own step limits (``task_names``,
+``simplification``, ``max_turns`` match that).
 
 Episodes. The first observation is ``look around``; the task description is part of the
 instruction. An action is any ScienceWorld command (``open door to kitchen``, ``focus on
 the water``, ``0`` to answer an ambiguity question). The reward of a step is the change of
-``max(score, 0) / 100``, so an episode's return is its final score / 100 in [0, 1].
+``max(score, 0) / 100`` from 0 at reset, so an episode's return is its final score / 100 in
+[0, 1] (the first step's reward includes the score the task starts with: 8 for the find-*
+tasks after ``look around``).
 Episodes end (terminated) when the task completes (``success``) or fails (a negative
 score, e.g. focusing on the wrong object), and are truncated after the task's step limit
 (:data:`STEP_LIMITS`, about 1.5x its longest gold path seen, and never below the gold path
