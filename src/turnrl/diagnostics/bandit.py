@@ -18,8 +18,9 @@ For each policy -- a scripted algorithm (``ucb``, ``thompson``, ``greedy``...) o
   one) and on the *other* actions, per repetition bucket (0-10%, 45-55% and 90-100% of
   ``max_repeats``: the paper's 0-10, 45-55, 90-100);
 - **knowing-doing** (plain bandit): at every step the policy's stated UCB values (a model
-  writes them in the block of :mod:`turnrl.bandits.rationale`; a scripted policy's are its
-  internal ones) against the true UCB values (mean + c·sqrt(ln t / n), inf untried, with
+  writes them in the block of :mod:`turnrl.bandits.rationale`; a scripted policy reports the
+  UCB values of its own statistics, whatever rule it acts by, so a scripted ``greedy`` "knows"
+  by construction and its row measures only the doing) against the true UCB values (mean + c·sqrt(ln t / n), inf untried, with
   the env's ``ucb_c``): the rationale is *correct* when the arms it rates highest are
   among the truly highest (within 0.01, the block's rounding); the action is *optimal*
   when it has the highest true UCB value (within the same 0.01: a policy that acts on its
