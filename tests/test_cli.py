@@ -309,3 +309,13 @@ def test_diagnose_checks_every_policy_before_any_work(tmp_path: Path, capsys, mo
                         "--out", str(out)], capsys)
     assert "--policy: model path not found" in one_line_error(code, err)
     assert not out.exists()
+
+
+def test_eval_checks_every_split_before_playing_any(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    import turnrl.collect as collect
+
+    played: list[str] = []
+    monkeypatch.setattr(collect, "evaluate", lambda *a, **kw: played.append(kw["split"]) or ({}, []))
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", "random", "--episodes", "4", "--split", "seen",
+                        "--split", "bogus", "--out", str(tmp_path / "r.json")], capsys)
+    assert "unknown split 'bogus'" in one_line_error(code, err) and played == []

@@ -20,7 +20,9 @@ def t975(df: int) -> float:
         return float("nan")
     if df <= len(_T975):
         return _T975[df - 1]
-    return 1.96 + 2.4 / df  # within 0.002 of the exact value for df > 30
+    # within 0.0025 of the exact value for df > 30, on the low side (an interval narrower by at most
+    # 0.1%); kept as it is, since every documented CI of more than 31 seeds was computed with it
+    return 1.96 + 2.4 / df
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, tuple[float, float]]:

@@ -238,6 +238,7 @@ def eval_cmd(
     invalid_penalty: InvalidPenalty = 0.0,
 ) -> None:
     """Evaluate a policy; write {"results": [...]} and print a table."""
+    from turnrl import envs
     from turnrl.collect import check_workers, evaluate
     from turnrl.data.io import write_jsonl
     from turnrl.evaluation import results_table
@@ -248,6 +249,12 @@ def eval_cmd(
     if trajectories is not None and trajectories.resolve() == out.resolve():
         raise TurnRLError(f"--trajectories {trajectories}: is the --out report too (the report would replace it)")
     prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
+    probe = envs.make(env, **_env_opts(env_opt))  # every split checked before any is played
+    try:
+        for s in split or ["seen"]:
+            probe.task_ids(s)
+    finally:
+        probe.close()
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
     results, all_trajs = [], []
     for s in split or ["seen"]:
