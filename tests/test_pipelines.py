@@ -46,17 +46,17 @@ def test_a_copied_or_moved_run_reads_its_own_stage_results(tmp_path: Path, monke
 
 
 def test_a_model_replaced_in_place_is_another_setting(tmp_path: Path) -> None:
-    from turnrl.pipelines.iterative import check_settings, model_fingerprints
+    from turnrl.pipelines.iterative import check_settings, start_model_fingerprints
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"one")
-    check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})
-    check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})  # same: resumes
+    check_settings(tmp_path / "run", {"lr": 1, **start_model_fingerprints(model=model, base="tiny")})
+    check_settings(tmp_path / "run", {"lr": 1, **start_model_fingerprints(model=model, base="tiny")})  # same: resumes
     (model / "model.safetensors").write_bytes(b"two")
     with pytest.raises(TurnRLError, match="model_fingerprints.model"):
-        check_settings(tmp_path / "run", {"lr": 1, **model_fingerprints(model=model, base="tiny")})
-    assert model_fingerprints(base="tiny", model=None) == {}
+        check_settings(tmp_path / "run", {"lr": 1, **start_model_fingerprints(model=model, base="tiny")})
+    assert start_model_fingerprints(base="tiny", model=None) == {}
 
 
 def test_stage_runs_once_then_is_skipped(tmp_path: Path) -> None:

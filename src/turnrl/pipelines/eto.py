@@ -61,7 +61,7 @@ from turnrl.data.io import read_pairs, read_trajectories, write_jsonl
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
-from turnrl.pipelines.iterative import check_settings, iter_dir, model_fingerprints, run_stage
+from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage, start_model_fingerprints
 from turnrl.quickstart import ENV, ENV_OPTS, PROMPT
 from turnrl.rollout.sampler import EpisodeSpec
 from turnrl.train.preference import PreferenceConfig
@@ -534,7 +534,7 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     out = Path(out if out is not None else cfg.out)
     given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given,
-                         **model_fingerprints(model=cfg.model, base=cfg.base, given_model=model)}, free=("iterations",))
+                         **start_model_fingerprints(model=cfg.model, base=cfg.base, given_model=model)}, free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare

@@ -140,7 +140,7 @@ def _get(tree: dict[str, Any], key: str) -> Any:
     return tree
 
 
-def model_fingerprints(**models: str | Path | None) -> dict[str, Any]:
+def start_model_fingerprints(**models: str | Path | None) -> dict[str, Any]:
     """Settings entries that pin the weights of the models a run starts from (given by folder or hub
     id; None and the embedded ``tiny``, which OUT builds, are left out): a model replaced in place
     under the same path is then another setting, and its finished stages are not reused. Folders

@@ -53,7 +53,7 @@ from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.oracles import OracleConfig, make_oracle, score_samples, select_samples
 from turnrl.pipelines.eto import AgentPipelineConfig
-from turnrl.pipelines.iterative import check_settings, iter_dir, model_fingerprints, run_stage
+from turnrl.pipelines.iterative import check_settings, iter_dir, run_stage, start_model_fingerprints
 from turnrl.train.core import atomic_write_json, atomic_write_text
 from turnrl.train.preference import PreferenceConfig
 
@@ -211,7 +211,7 @@ def run_sppo(cfg: SPPOConfig, out: str | Path | None = None, *, log: Log | None 
     cfg.check()
     out = Path(out if out is not None else cfg.out)
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}),
-                         **model_fingerprints(model=cfg.model, base=cfg.base, oracle_model=cfg.oracle.model)},
+                         **start_model_fingerprints(model=cfg.model, base=cfg.base, oracle_model=cfg.oracle.model)},
                    free=("iterations",))
     if log is None and console is not None:
         def log(msg: str) -> None:
