@@ -610,3 +610,26 @@ def test_a_critic_encoder_that_does_not_exist_is_named_by_its_key(tiny_tokenizer
 
     with pytest.raises(TurnRLError, match=r"^critic\.encoder: .*nowhere"):
         build_critic(CriticConfig(encoder=str(tmp_path / "nowhere")), tiny_tokenizer)
+
+
+def test_a_critic_encoder_is_refused_a_state_longer_than_its_positions(tiny_tokenizer, tmp_path: Path) -> None:
+    """A learned position table (RoBERTa's) bounds how long a state the critic reads: a longer
+    ``max_state_tokens`` is refused when the critic is built, naming the key, not with an index
+    error at the first long state; one that fits builds and encodes a state of that length."""
+    from transformers import RobertaConfig, RobertaModel
+
+    from turnrl.errors import TurnRLError
+    from turnrl.train.critic import CriticConfig, build_critic
+
+    pad = tiny_tokenizer.pad_token_id
+    conf = RobertaConfig(vocab_size=len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=pad + 1 + 40, pad_token_id=pad)
+    RobertaModel(conf).save_pretrained(tmp_path / "enc")
+    tiny_tokenizer.save_pretrained(tmp_path / "enc")
+    enc = str(tmp_path / "enc")
+    critic = build_critic(CriticConfig(encoder=enc, max_state_tokens=40, max_action_tokens=8), tiny_tokenizer)
+    assert critic.v(["x " * 200])[0].shape == (1,)  # cut to 40 tokens: reads
+    with pytest.raises(TurnRLError, match=r"^critic\.max_state_tokens: 41 tokens are more than critic\.encoder"):
+        build_critic(CriticConfig(encoder=enc, max_state_tokens=41, max_action_tokens=8), tiny_tokenizer)
+    with pytest.raises(TurnRLError, match=r"^critic\.max_state_tokens \+ critic\.max_action_tokens: 48 tokens"):
+        build_critic(CriticConfig(encoder=enc, max_state_tokens=40, max_action_tokens=8, joint=True), tiny_tokenizer)

@@ -466,7 +466,7 @@ def test_eto_import_keeps_a_null_reward_missing_and_refuses_overflowing_numbers(
     (t,) = import_eto(path, env="alfworld", default_reward=1.0)
     assert t.return_ == 0.0 and not t.success and t.meta["reward_missing"]
     path.write_text('{"meta": {"reward": 1e400}, "conversations": []}')
-    with pytest.raises(TurnRLError, match=r"7\.json: invalid JSON: 1e400 is too large for a float"):
+    with pytest.raises(TurnRLError, match=r"7\.json:1: invalid JSON: 1e400 is too large for a float"):
         import_eto(path, env="alfworld")
     lines = tmp_path / "eto.jsonl"  # JSONL: an item's extra key, kept in meta, is checked where it is read
     item = {"id": 1, "score": 2.5, "conversations": ETO_ITEMS[1]["conversations"]}
@@ -593,9 +593,34 @@ def test_eto_invalid_json_and_no_partial_output(tmp_path: Path) -> None:
     with pytest.raises(TurnRLError, match="source must be one of"):
         import_eto(bad, source="human")
     bad.write_text('[{"id": 1, "reward": Infinity, "conversations": []}]')
-    with pytest.raises(TurnRLError, match=r"eto\.json: invalid JSON: Infinity is not a JSON number"):
+    with pytest.raises(TurnRLError, match=r"eto\.json:1: invalid JSON: Infinity is not a JSON number"):
         convert_eto(bad, out)
     assert not out.exists()
+    # in a pretty-printed list the error names the literal's line, not a string that spells it
+    bad.write_text('[\n {"id": "Infinity", "note": "x NaN 1e400",\n  "conversations": [],\n  "reward": -Infinity}]')
+    with pytest.raises(TurnRLError, match=r"eto\.json:4: invalid JSON: -Infinity is not a JSON number"):
+        convert_eto(bad, out)
+    bad.write_text('[\n {"id": 1, "note": "1e400",\n  "conversations": [],\n  "score": [0.5,\n   1e400]}]')
+    with pytest.raises(TurnRLError, match=r"eto\.json:5: invalid JSON: 1e400 is too large for a float"):
+        convert_eto(bad, out)
+    assert not out.exists()
+
+
+def test_eto_import_reads_a_jsonl_file_of_one_line_as_json_lines(tmp_path: Path) -> None:
+    """A ``.jsonl`` file is JSON lines even with one line: its item needs its own "id" (where a
+    ``.json`` file of one object, ETO's exploration output, takes the file name)."""
+    item = {"conversations": ETO_ITEMS[1]["conversations"], "reward": 1.0}
+    one = tmp_path / "7.jsonl"
+    one.write_text(json.dumps(item) + "\n")
+    with pytest.raises(TurnRLError, match=r"7\.jsonl:1: missing key 'id'"):
+        import_eto(one, env="alfworld")
+    one.write_text(json.dumps({"id": "t3", **item}) + "\n")
+    (t,) = import_eto(one, env="alfworld")
+    assert t.task_id == "t3" and t.success
+    single = tmp_path / "7.json"
+    single.write_text(json.dumps(item))
+    (t,) = import_eto(single, env="alfworld")
+    assert t.task_id == "7"
 
 
 # --------------------------------------------------------------------------- pair builders

@@ -443,6 +443,35 @@ def test_collection_refuses_to_resume_episodes_played_under_other_invalid_reply_
     assert len(out.read_text().splitlines()) == 2
 
 
+def test_collection_refuses_to_resume_episodes_played_with_another_instruction_or_example(tmp_path) -> None:
+    """``--instruction`` (and a config's ``example``) change the system message every turn is sampled
+    under, so they are recorded with every episode and a resume under others is refused (it used to
+    append, mixing both prompts in one file); the same prompt resumes, and a file written before the
+    key existed still does."""
+    import json
+
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.errors import TurnRLError
+
+    out = tmp_path / "p.jsonl"
+    mine = PromptConfig(instruction="Play X. Reply with Action: N.")
+    (t,) = run_policy(RandomPolicy(), "tictactoe", episodes=1, out=out, prompt=mine)
+    assert t.meta["prompt"] == {"instruction": "Play X. Reply with Action: N.", "example": None}
+    assert t.messages[0].content == "Play X. Reply with Action: N."
+    assert len(run_policy(RandomPolicy(), "tictactoe", episodes=2, out=out, prompt=mine)) == 2  # resumed
+    for other, key in ((PromptConfig(), "instruction"), (PromptConfig(instruction="Play O."), "instruction"),
+                       (mine.model_copy(update={"example": "Action: 4"}), "example")):
+        with pytest.raises(TurnRLError, match=rf"p\.jsonl: holds episodes played with another {key} in the system"):
+            run_policy(RandomPolicy(), "tictactoe", episodes=4, out=out, prompt=other)
+    assert len(out.read_text().splitlines()) == 2
+    old = tmp_path / "old.jsonl"  # written before episodes recorded their prompt: resumes as before
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows:
+        del row["meta"]["prompt"]
+    old.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(run_policy(RandomPolicy(), "tictactoe", episodes=3, out=old)) == 3
+
+
 def test_collection_refuses_to_resume_an_episode_of_another_expert_prefix(tmp_path) -> None:
     """An episode planned with another expert prefix (or replay) is another episode, though its id,
     task and seed are the same: a resume refuses it instead of reusing it."""

@@ -166,16 +166,18 @@ def _read_episodes(out: Path) -> dict[str, Trajectory]:
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
                      policy: Policy, env_opts: dict[str, Any], prompt: PromptConfig | None = None) -> None:
     """The episodes already in ``out`` must be this run's: same env, env options, split, policy, model
-    weights (their fingerprint), sampling settings and invalid-reply rules, and an episode of a planned
+    weights (their fingerprint), sampling settings, invalid-reply rules and system-message settings
+    (``instruction``, ``example``), and an episode of a planned
     id must be that plan's (task, seed). Anything else is another run's file, which resuming would mix
     into this one's. Env options are compared with the env's defaults filled in (``opponent=random``
     given = left unset); episodes written before env options, sampling settings or rules were recorded
     pass those checks."""
-    from turnrl.rollout.sampler import invalid_rules, policy_settings
+    from turnrl.rollout.sampler import invalid_rules, policy_settings, prompt_text
 
     policy_name = policy.name
     settings = policy_settings(policy)
     rules = invalid_rules(prompt or PromptConfig())
+    text = prompt_text(prompt or PromptConfig())
     sampling, fingerprint = settings.get("sampling"), settings.get("model_fingerprint")
     splits = {s.split for s in specs}
     planned = {s.episode_id(env_name): s for s in specs}
@@ -205,6 +207,11 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
         if theirs_rules is not None and theirs_rules != rules:
             raise TurnRLError(f"{out}: holds episodes played with other invalid-reply rules ({json.dumps(theirs_rules)}; "
                               f"this run: {json.dumps(rules)}); choose another --out or remove it")
+        theirs_text = t.meta.get("prompt")
+        if theirs_text is not None and theirs_text != text:
+            changed = ", ".join(k for k in text if theirs_text.get(k) != text[k]) if isinstance(theirs_text, dict) else "prompt"
+            raise TurnRLError(f"{out}: holds episodes played with another {changed} in the system message; "
+                              "choose another --out or remove it")
         theirs_fp = t.meta.get("model_fingerprint")
         if (fingerprint is not None and theirs_fp is not None
                 and theirs_fp not in (fingerprint, getattr(policy, "legacy_fingerprint", None))):

@@ -9,9 +9,9 @@ ETO (and FastChat / ShareGPT before it) stores one trajectory as::
      "reward": 0.75, "game_file": "...", ...}
 
 either as a JSON file holding a list of such objects (``webshop_sft.json``), as JSON
-Lines, one object a line, or as one (pretty-printed) object in a JSON file, as ETO writes
-each exploration output (``outputs/.../<task id>.json``; the ``id`` then defaults to the
-file name). By ETO's convention the first human message holds the task
+Lines, one object a line (a ``.jsonl`` file is always read so, even of one line), or as one
+(pretty-printed) object in a JSON file, as ETO writes each exploration output
+(``outputs/.../<task id>.json``; the ``id`` then defaults to the file name). By ETO's convention the first human message holds the task
 instruction (often with an in-context example) and the first gpt reply is an "OK"
 acknowledgement; after that, human = observation and gpt = the agent's turn.
 
@@ -42,11 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.data.io import (
+    NonFiniteLiteral,
     PathLike,
     check_finite,
     finite_float,
     is_finite_number,
     iter_jsonl,
+    line_of_literal,
     reject_non_finite,
     write_jsonl,
 )
@@ -165,7 +167,8 @@ def _iter_items(path: Path) -> Iterator[tuple[str, Any]]:
         raise TurnRLError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise TurnRLError(f"{path}: is a directory, not an ETO file") from None
-    if head.startswith(b"{") and (not _first_line_is_json(path) or _one_line(path)):
+    jsonl = path.suffix.lower() == ".jsonl"  # JSON lines by name, even of one line: each needs its "id"
+    if head.startswith(b"{") and not jsonl and (not _first_line_is_json(path) or _one_line(path)):
         # One object, pretty-printed or on one line, as ETO writes an exploration output (one
         # file a task, named by the task id and without an "id" key): one item, id from the file name.
         item = _load_json(path)
@@ -208,10 +211,14 @@ def _first_line_is_json(path: Path) -> bool:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"), parse_constant=reject_non_finite,
-                          parse_float=finite_float)
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise TurnRLError(f"{path}: invalid JSON: not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_constant=reject_non_finite, parse_float=finite_float)
+    except NonFiniteLiteral as e:
+        line = line_of_literal(text, e.literal)
+        raise TurnRLError(f"{path}{'' if line is None else f':{line}'}: invalid JSON: {e}") from None
     except json.JSONDecodeError as e:
         raise TurnRLError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
     except ValueError as e:  # e.g. an integer literal longer than Python converts

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -423,12 +424,20 @@ def _record_dict(record: Any) -> dict[str, Any]:
     return dict(d)
 
 
+class NonFiniteLiteral(ValueError):
+    """A number literal that reads as no finite float; ``literal`` is its text as written."""
+
+    def __init__(self, literal: str, message: str):
+        super().__init__(message)
+        self.literal = literal
+
+
 def finite_float(text: str) -> float:
     """``json.loads(..., parse_float=finite_float)``: a literal too large for a float (``1e400``)
     is refused where it is read, as ``NaN`` is (:func:`reject_non_finite`)."""
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is too large for a float")
+        raise NonFiniteLiteral(text, f"{text} is too large for a float")
     return value
 
 
@@ -436,7 +445,18 @@ def reject_non_finite(name: str) -> Any:
     """``json.loads(..., parse_constant=reject_non_finite)``: Python's reader takes ``NaN`` and
     ``Infinity``, which are not JSON and which no turnrl writer can write back; refuse them where
     they are read, so the error names the input rather than a later output."""
-    raise ValueError(f"{name} is not a JSON number")
+    raise NonFiniteLiteral(name, f"{name} is not a JSON number")
+
+
+def line_of_literal(text: str, literal: str) -> int | None:
+    """The 1-based line of the first ``literal`` in JSON ``text`` outside a string (where the reader
+    met it: it reads in order), or None if there is none. Python's reader gives no position for a
+    literal its callbacks refuse, so a multi-line file's error finds it again this way."""
+    pattern = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w.+-])' + re.escape(literal) + r"(?![\w.])")
+    for m in pattern.finditer(text):
+        if not m.group().startswith('"'):
+            return text.count("\n", 0, m.start()) + 1
+    return None
 
 
 def _encode(record: Any, path: Path) -> bytes:

@@ -73,6 +73,12 @@ def invalid_rules(prompt: PromptConfig) -> dict[str, Any]:
     return {"invalid_action": prompt.invalid_action, "invalid_penalty": prompt.invalid_penalty}
 
 
+def prompt_text(prompt: PromptConfig) -> dict[str, Any]:
+    """The prompt settings that change the system message: the instruction that replaces the env's
+    and the in-context example (None where unset)."""
+    return {"instruction": prompt.instruction, "example": prompt.example}
+
+
 @dataclass
 class _Slot:
     env: TextEnv
@@ -107,6 +113,7 @@ class Sampler:
         self.prompt = prompt or PromptConfig()
         #: what an invalid reply does, recorded with every episode (a resumed collection must keep it)
         self.invalid_rules = invalid_rules(self.prompt)
+        self.prompt_text = prompt_text(self.prompt)
         self.source = source
         # the policy builds each turn's context (ModelPolicy.history); a prompt that asks for another
         # history than the policy's would be silently ignored, so it is refused
@@ -263,7 +270,7 @@ class Sampler:
             split=slot.spec.split,
             source=self.source,
             meta={"policy": self.policy.name, **policy_settings(self.policy), "invalid_rules": self.invalid_rules,
-                  "seed": slot.spec.seed,
+                  "prompt": self.prompt_text, "seed": slot.spec.seed,
                   "index": slot.spec.index,
                   "final_observation": final_obs, **_outcome(info),
                   **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),

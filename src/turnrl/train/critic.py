@@ -219,7 +219,27 @@ def build_critic(cfg: CriticConfig, actor_tokenizer: Any, *, seed: int = 0) -> D
             tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
         hidden = int(getattr(backbone.config, "hidden_size", 0) or getattr(backbone.config, "d_model", 0))
         encoder = TextEncoder(backbone, tok, hidden, cfg.pooling)
+        _check_reach(encoder, cfg)
     return DoubleCritic(encoder, cfg)
+
+
+def _check_reach(encoder: TextEncoder, cfg: CriticConfig) -> None:
+    """Refuse a ``max_state_tokens`` (``+ max_action_tokens`` with ``joint``) longer than the encoder
+    reads: a learned position table (RoBERTa: 512) would otherwise fail with an index error at the
+    first long state, deep in training. Tried with one row of that length, not read from the config,
+    since models count their positions differently (RoBERTa's start after the pad id)."""
+    from turnrl.errors import TurnRLError
+
+    need = max(cfg.max_state_tokens + (cfg.max_action_tokens if cfg.joint else 0), cfg.max_action_tokens)
+    key = "critic.max_state_tokens" + (" + critic.max_action_tokens" if cfg.joint else "")
+    token = 1 if encoder.pad_id == 0 else 0  # not the pad id, whose positions some models do not count
+    ids = torch.full((1, need), token, dtype=torch.long, device=encoder._device())
+    try:
+        with torch.no_grad():
+            encoder.backbone(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except (IndexError, RuntimeError) as e:
+        raise TurnRLError(f"{key}: {need} tokens are more than critic.encoder '{cfg.encoder}' reads "
+                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); lower it") from None
 
 
 def make_target(critic: nn.Module) -> nn.Module:
