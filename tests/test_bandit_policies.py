@@ -414,14 +414,63 @@ def test_self_consistency_takes_the_majority_in_one_call() -> None:
     assert stub.calls == 3  # one batched call of k samples per step
 
 
+class Checker:
+    """Answers ``ACTION=<first>`` when asked, and ``<checked>`` when shown its answer for review;
+    records the review requests."""
+
+    name = "checker"
+
+    def __init__(self, first: str, checked: str):
+        self.first, self.checked = first, checked
+        self.reviews: list[Request] = []
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        out = []
+        for r in requests:
+            if "Your answer to the above was:" in r.messages[-1].content:
+                self.reviews.append(r)
+                out.append(Reply(f"I check it.\n{self.checked}", token_ids=[7, 8]))
+            else:
+                out.append(Reply(f"first thought\nACTION={self.first}", token_ids=[1, 2, 3]))
+        return out
+
+
+def test_self_correction_acts_on_the_checked_reply_and_keeps_the_first_when_the_check_names_none() -> None:
+    from turnrl.bandits.aids import REVIEW, SelfCorrectionAid
+
+    fixer = Checker("red", "ACTION=green")
+    trajs = run_policy(SelfCorrectionAid(fixer), "bandit", episodes=2, num_envs=2,
+                       env_opts={"arms": 3, "horizon": 3}, prompt=PAPER)
+    assert [t.actions for t in trajs] == [["green"] * 3] * 2
+    turns = [m for t in trajs for m in t.messages if m.role == "assistant"]
+    assert all(m.content == "I check it.\nACTION=green" and m.token_ids is None for m in turns)  # not sampled here
+    assert len(fixer.reviews) == 6  # one review a step, asked in one batch per step
+    review = fixer.reviews[0]
+    assert review.messages[-1].content.endswith(REVIEW.format(reply="first thought\nACTION=red"))
+    assert review.key is not None and review.key.endswith("/self-correction")
+    # the transcript keeps the plain observation: the review was only in the second request
+    assert not any("Your answer to the above" in m.content for t in trajs for m in t.messages)
+    keeper = Checker("red", "I am not sure.")
+    trajs = run_policy(SelfCorrectionAid(keeper), "bandit", episodes=1, env_opts={"arms": 3, "horizon": 2},
+                       prompt=PAPER)
+    assert trajs[0].actions == ["red", "red"]
+    kept = [m for m in trajs[0].messages if m.role == "assistant"]
+    assert all(m.token_ids == [1, 2, 3] for m in kept)  # the first reply, sampled in the transcript's context
+
+
 def test_aid_specs() -> None:
     assert parse_aid("epsilon-greedy:eps=0.2") == ("epsilon-greedy", {"eps": 0.2})
     assert aid_env_options(["summary", "randomize", "try-all"]) == {"summary": True, "randomize_labels": True}
     wrapped = with_aids(Stub(["blue"]), ["try-all", "self-consistency:k=3", "epsilon-greedy"])
     assert isinstance(wrapped, TryAllAid) and isinstance(wrapped.inner, EpsilonGreedyAid)
     assert isinstance(wrapped.inner.inner, SelfConsistencyAid) and wrapped.inner.inner.k == 3
+    from turnrl.bandits.aids import SelfCorrectionAid
+
+    both = with_aids(Stub(["blue"]), ["self-consistency:k=2", "self-correction"])  # votes over checked replies
+    assert isinstance(both, SelfConsistencyAid) and isinstance(both.inner, SelfCorrectionAid)
     for bad, needle in (("tryall", "did you mean 'try-all'"), ("try-all:k=2", "unknown parameter 'k'"),
-                        ("self-consistency:k=x", "k must be a number")):
+                        ("self-consistency:k=x", "k must be a number"),
+                        ("epsilon-greedy:eps", "expected key=value, got 'eps'")):
         with pytest.raises(TurnRLError, match=needle):
             parse_aid(bad)
     for k in ("nan", "inf", "2.5"):  # a one-line error, not a ValueError / OverflowError from int()

@@ -78,6 +78,15 @@ def test_frequency_bias_shares_by_hand() -> None:
     assert fb["shares"] == {"0": [0.7, 0.2, 0.1], "10": [1.0, 0.0, 0.0]}
     assert fb["buckets"]["0-1"] == {"frequent": 0.7, "greedy": 0.2, "other": 0.1, "contexts": 1}
     assert fb["entropy"][1] == 0.0 and fb["uniform_entropy"] == pytest.approx(math.log(3), abs=1e-4)
+    # a small max_repeats narrows the buckets to the counts within 0-10%, 45-55%, 90-100% of it: no count in
+    # two buckets (they used to round outward: 0-1, 1-3, 3-4 for 4, counting a context twice)
+    hist = ((0, 1.0), (1, 0.0), (1, 0.0))
+    few = [FBContext(0, r, hist) for r in range(5)]
+    fb = frequency_bias(few, np.array([p] * 5), 3, max_repeats=4)
+    assert {k: v["contexts"] for k, v in fb["buckets"].items()} == {"0-0": 1, "2-2": 1, "4-4": 1}
+    wide = frequency_bias([FBContext(0, r, hist) for r in range(0, 101, 5)], np.array([p] * 21), 3, max_repeats=100)
+    assert list(wide["buckets"]) == ["0-10", "45-55", "90-100"]
+    assert [v["contexts"] for v in wide["buckets"].values()] == [3, 3, 3]
 
 
 def test_frequency_bias_contexts() -> None:
@@ -238,6 +247,8 @@ def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
         (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
         (["--aid", "epsilon-greedy:eps=2"], "aid 'epsilon-greedy': eps must be in [0, 1] (got 2.0)"),
         (["--aid", "self-consistency:k=0"], "aid 'self-consistency': k must be an integer >= 1 (got 0.0)"),
+        (["--aid", "epsilon-greedy:eps"], "aid 'epsilon-greedy': expected key=value, got 'eps'"),
+        (["--aid", "try-all"], "--aid wraps model policies; every --policy here is scripted (ucb)"),
     ],
 )
 def test_cli_errors_are_one_line(extra: list[str], needle: str, tmp_path: Path, capsys) -> None:

@@ -246,6 +246,14 @@ def test_pairwise_model_save_load_roundtrip(small_pairwise, tmp_path: Path) -> N
     assert again.probs(q) == pytest.approx(small_pairwise.probs(q), abs=1e-6)
     with pytest.raises(TurnRLError, match="not a pairwise preference model"):
         PairwiseModelOracle(tmp_path)
+    # the SPPO pipeline's up-front check takes the saved folder (it has no config.json of a causal LM)
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm"))).check()
+    with pytest.raises(TurnRLError, match=r"^oracle\.model: .*: not a pairwise preference model \(no pairwise_config"):
+        SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path))).check()
+    with pytest.raises(TurnRLError, match=r"^oracle\.model: .*nowhere: not a pairwise preference model \(no such folder"):
+        SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path / "nowhere"))).check()
 
 
 def test_render_trajectory_shows_turns_and_outcome() -> None:
@@ -317,6 +325,31 @@ def test_make_oracle_errors() -> None:
     assert isinstance(make_oracle(OracleConfig()), EnvRewardOracle)
     with pytest.raises(TurnRLError, match="oracle.model"):
         make_oracle(OracleConfig(kind="pairwise_model"))
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("tau", 0.0, "must be a finite number > 0"), ("tau", float("inf"), "must be a finite number > 0"),
+    ("batch_size", 0, "must be >= 1"), ("max_tokens", 0, "must be >= 1")])
+def test_oracle_settings_out_of_range_are_refused_where_they_are_set(key: str, value: float, message: str) -> None:
+    """A zero tau used to pass until the oracle stage (after SFT and sampling); a zero batch size
+    became 1 without a word."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=rf"{key}[\s\S]*{message}"):
+        OracleConfig.model_validate({key: value})
+
+
+@pytest.mark.parametrize("key", ["layers", "max_task_tokens", "max_side_tokens"])
+def test_pairwise_settings_below_one_are_refused(key: str) -> None:
+    """``layers=0`` used to build the preset's 4 layers and ``max_side_tokens=0`` to cut nothing."""
+    from pydantic import ValidationError
+
+    from turnrl.oracles.pairwise import PairwiseSettings
+
+    for bad in (0, -1):
+        with pytest.raises(ValidationError, match=rf"{key}[\s\S]*must be >= 1"):
+            PairwiseSettings.model_validate({key: bad})
+    assert PairwiseSettings.model_validate({key: 1}).model_dump()[key] == 1
 
 
 def _sentencepiece_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]):

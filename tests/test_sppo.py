@@ -59,6 +59,11 @@ def test_build_data_dpo_pairs_best_vs_worst(tmp_path: Path) -> None:
     assert p.chosen.id == "a-0" and p.rejected.id == "a-2"
     assert p.chosen.return_ == 1.0 and p.rejected.return_ == -1.0  # env returns restored
     assert "env_return" not in p.chosen.meta and p.meta["kind"] == "self_play_oracle"
+    # the pair's record states returns as returns and win rates as win rates (it used to give the
+    # win rates, the ranking key, as the returns)
+    assert (p.meta["chosen_return"], p.meta["rejected_return"]) == (1.0, -1.0)
+    assert p.meta["chosen_win_rate"] == pytest.approx((0.5 + 2 * s(1) + s(2)) / 4)
+    assert p.meta["rejected_win_rate"] == pytest.approx((0.5 + 2 * s(-1) + s(-2)) / 4)
     with pytest.raises(TurnRLError, match="no pairs"):
         build_data(cfg, SAMPLES[4:], tmp_path / "s.jsonl", tmp_path / "p.jsonl")
 
@@ -72,6 +77,11 @@ def test_config_errors(capsys, tmp_path: Path) -> None:
         SPPOConfig(eval_splits=["test"]).check()
     code, _, err = run(["sppo", "samples_per_tsk=3"], capsys)
     assert "samples_per_task" in one_line_error(code, err)
+    with pytest.raises(TurnRLError, match=r"^train\.loss=ipo is not used: this pipeline trains with loss=sppo"):
+        SPPOConfig.model_validate({"train": {"loss": "ipo"}}).check()
+    SPPOConfig.model_validate({"loss": "dpo", "train": {"loss": "dpo"}}).check()  # the baseline, said twice
+    with pytest.raises(TurnRLError, match=r"^oracle\.model=m is not used by oracle\.kind=env_reward"):
+        SPPOConfig.model_validate({"oracle": {"model": "m"}}).check()
     bad = tmp_path / "c.yaml"
     bad.write_text("oracle: {kind: pairwise}\n")
     code, _, err = run(["sppo", "--config", str(bad)], capsys)

@@ -11,6 +11,11 @@ changes how it acts, without training:
   batched call of the wrapped policy) and act on the majority action; the reply kept is
   the first one that chose it (ties: the action seen first). Sample with temperature > 0,
   or the ``k`` replies are identical;
+- ``self-correction``: ask, then show the model its reply under the same observation with
+  :data:`REVIEW` (check the answer, correct it if wrong, end with ``ACTION=X``) and act on the
+  checked reply when it names a valid action, else on the first. Both calls are batched over
+  the episodes. The checked reply was sampled under another context than the transcript's, so
+  it carries no token ids (``meta["first_reply"]`` keeps the first);
 - ``summary`` and ``randomize`` change what the agent sees, so they are env options:
   ``summary=true`` (per-arm counts and mean rewards appended to each observation) and
   ``randomize_labels=true`` (arm labels shuffled per step). :func:`aid_env_options` maps
@@ -32,7 +37,11 @@ from turnrl.bandits.policies import bandit_env
 from turnrl.errors import TurnRLError, did_you_mean
 from turnrl.rollout.policies import Policy, Reply, Request
 
-AIDS = ("epsilon-greedy", "try-all", "self-consistency", "summary", "randomize")
+AIDS = ("epsilon-greedy", "try-all", "self-consistency", "self-correction", "summary", "randomize")
+
+#: what self-correction appends to the observation, after the model's first reply
+REVIEW = ("Your answer to the above was:\n{reply}\n\nCheck that answer against the history above. If it is "
+          "wrong, correct it. Give a short rationale, then your final answer on its own line as ACTION=X.")
 _ENV_AIDS = {"summary": "summary", "randomize": "randomize_labels"}
 
 
@@ -112,6 +121,43 @@ class SelfConsistencyAid:
         return out
 
 
+class SelfCorrectionAid:
+    """Ask; then ask again with the first reply and :data:`REVIEW` appended to the observation, and
+    act on the checked reply if it names a valid action (else on the first). Two batched calls of
+    the wrapped policy per step."""
+
+    def __init__(self, inner: Policy):
+        self.inner = inner
+        self.name = f"{inner.name}+self-correction"
+
+    def act(self, requests: Sequence[Request]) -> list[Reply]:
+        from dataclasses import replace
+
+        from turnrl.data.schema import Message
+
+        first = self.inner.act(requests)
+        reviews = []
+        for r, f in zip(requests, first, strict=True):
+            review = REVIEW.format(reply=f.content.strip())
+            last = r.messages[-1] if r.messages else None
+            if last is not None and last.role == "user":  # the observation, with the review after it
+                messages = [*r.messages[:-1], replace(last, content=f"{last.content}\n\n{review}")]
+            else:
+                messages = [*r.messages, Message("user", review)]
+            # its own random stream: a model policy keys a turn's by the episode's key
+            reviews.append(replace(r, messages=messages, key=None if r.key is None else f"{r.key}/self-correction"))
+        second = self.inner.act(reviews)
+        out = []
+        for r, f, c in zip(requests, first, second, strict=True):
+            before, after = parse_action(f.content, r.valid_actions), parse_action(c.content, r.valid_actions)
+            if not after.valid:
+                out.append(replace(f, meta={**f.meta, "self_correction": "kept: the check named no valid action"}))
+                continue
+            out.append(Reply(c.content, meta={**c.meta, "aid": "self-correction", "first_reply": f.content,
+                                              "changed": not before.valid or before.action != after.action}))
+        return out
+
+
 def _fill(out: list[Reply | None], inner: Policy, requests: Sequence[Request]) -> list[Reply]:
     """Ask ``inner`` (in one call) for the requests no aid answered."""
     rest = [i for i, o in enumerate(out) if o is None]
@@ -132,7 +178,9 @@ def parse_aid(spec: str) -> tuple[str, dict[str, float]]:
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
-        if not eq or key not in allowed:
+        if not eq:
+            raise TurnRLError(f"aid '{name}': expected key=value, got {item!r}")
+        if key not in allowed:
             raise TurnRLError(
                 f"aid '{name}': unknown parameter '{key}'; choose from: {', '.join(allowed) or '(none)'}"
             )
@@ -155,9 +203,12 @@ def aid_env_options(aids: Sequence[str]) -> dict[str, Any]:
 
 
 def with_aids(policy: Policy, aids: Sequence[str]) -> Policy:
-    """Wrap ``policy`` in the policy aids of ``aids`` (self-consistency innermost, then
-    epsilon-greedy, then try-all); env aids are ignored here (see :func:`aid_env_options`)."""
+    """Wrap ``policy`` in the policy aids of ``aids`` (self-correction innermost, then
+    self-consistency, which votes over checked replies, then epsilon-greedy, then try-all);
+    env aids are ignored here (see :func:`aid_env_options`)."""
     parsed = dict(map(parse_aid, aids))
+    if "self-correction" in parsed:
+        policy = SelfCorrectionAid(policy)
     if "self-consistency" in parsed:
         policy = SelfConsistencyAid(policy, int(parsed["self-consistency"].get("k", 5)))
     if "epsilon-greedy" in parsed:
@@ -167,5 +218,5 @@ def with_aids(policy: Policy, aids: Sequence[str]) -> Policy:
     return policy
 
 
-__all__ = ["AIDS", "EpsilonGreedyAid", "SelfConsistencyAid", "TryAllAid", "aid_env_options", "parse_aid",
-           "with_aids"]
+__all__ = ["AIDS", "REVIEW", "EpsilonGreedyAid", "SelfConsistencyAid", "SelfCorrectionAid", "TryAllAid",
+           "aid_env_options", "parse_aid", "with_aids"]

@@ -42,7 +42,8 @@ def diagnose_bandit(
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 192,
     aid: Annotated[list[str] | None, typer.Option(
         "--aid", help="Exploration aid for model policies: epsilon-greedy[:eps=0.1], try-all, "
-                      "self-consistency[:k=5], summary, randomize. Repeatable.")] = None,
+                      "self-consistency[:k=5], self-correction, summary, randomize. Repeatable; "
+                      "scripted policies play without them.")] = None,
     fb_prefixes: Annotated[int, typer.Option(help="Frequency bias: random prefixes.")] = 16,
     fb_max_repeats: Annotated[int, typer.Option(help="Frequency bias: most repetitions of the last action.")] = 100,
     fb_step: Annotated[int, typer.Option(help="Frequency bias: repetition step.")] = 5,

@@ -326,7 +326,9 @@ def frequency_bias(contexts: Sequence[FBContext], probs: np.ndarray, k: int, max
     stats = [mean_ci95(ent[r]) for r in reps]
     buckets = {}
     for lo_f, hi_f in ((0.0, 0.1), (0.45, 0.55), (0.9, 1.0)):
-        lo, hi = math.floor(lo_f * max_repeats + 1e-9), math.ceil(hi_f * max_repeats - 1e-9)
+        # inward: the counts within [lo_f, hi_f] of max_repeats, so a small max_repeats gives narrower
+        # buckets, not wider ones that share counts (max_repeats 4: 0, 2, 4, not 0-1, 1-3, 3-4)
+        lo, hi = math.ceil(lo_f * max_repeats - 1e-9), math.floor(hi_f * max_repeats + 1e-9)
         rows = [s for r in reps if lo <= r <= hi for s in shares[r]]
         if rows:
             m = np.mean(np.array(rows), axis=0)
@@ -534,6 +536,9 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
     for spec in policies:  # bad scripted specs fail before any work starts
         if is_algorithm_spec(spec):
             make_algorithm(spec)
+    if cfg.aids and all(is_algorithm_spec(spec) for spec in policies):  # they would play without them
+        raise TurnRLError(f"--aid wraps model policies; every --policy here is scripted ({', '.join(policies)}): "
+                          "give a model or remove --aid")
     say = log or (lambda s: None)
     env = as_bandit(envs.make(cfg.env, **cfg.env_opts), "diagnose bandit")
     task_ids = env.task_ids(cfg.split)

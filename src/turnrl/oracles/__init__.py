@@ -20,8 +20,10 @@ Oracles:
   :func:`comparisons_from_trajectories` (``turnrl comparisons``).
 * :class:`~turnrl.oracles.judge.JudgeOracle` (``judge``): an LLM judge prompt through any
   causal LM directory; the probability comes from the log-probs of the answer tokens
-  ``A`` and ``B``, asked in both orders and averaged (which cancels position bias and makes
-  it symmetric).
+  ``A`` and ``B``. One query (``oracle(task, y_i, y_j)``, :meth:`Oracle.probs`) asks in that
+  order only and returns the raw ``p_AB``; :func:`preference_matrices` asks both orders and
+  averages them, ``(p_AB + 1 - p_BA) / 2`` (which cancels position bias and makes the
+  matrix symmetric).
 
 Every matrix is returned *exactly* complementary: ``M[i, j] + M[j, i] == 1`` in floating
 point and ``M[i, i] == 1/2``.
@@ -40,7 +42,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from turnrl.config import Config
+from turnrl.config import Config, Range
 from turnrl.data.schema import Trajectory
 from turnrl.errors import TurnRLError
 
@@ -386,6 +388,8 @@ class OracleConfig(Config):
     max_tokens: int = 1024
     """judge: longest prompt; each attempt is cut from the left to fit."""
     device: str | None = None
+
+    value_ranges = {"tau": Range(0, lo_open=True), "batch_size": Range(1), "max_tokens": Range(1)}
 
 
 def make_oracle(cfg: OracleConfig) -> Oracle:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from turnrl.config import Config
+from turnrl.config import Config, Range
 from turnrl.data.schema import Trajectory
 from turnrl.devices import default_device
 from turnrl.errors import TurnRLError
@@ -60,6 +60,8 @@ class PairwiseSettings(Config):
     max_side_tokens: int = 192
     final_observation: bool = True
     """Show the env's final observation (the outcome) at the end of each trajectory."""
+
+    value_ranges = {"layers": Range(1), "max_task_tokens": Range(1), "max_side_tokens": Range(1)}
 
 
 class PairwiseModel(nn.Module):
@@ -175,7 +177,7 @@ def build_pairwise_model(settings: PairwiseSettings, seed: int = 0) -> tuple[Pai
             raise TurnRLError(f"unknown preset '{settings.preset}'; choose from: {', '.join(PRESETS)}")
         hidden, inter, layers, heads, _ = PRESETS[settings.preset]
         config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=inter,
-                             num_hidden_layers=settings.layers or layers, num_attention_heads=heads,
+                             num_hidden_layers=layers if settings.layers is None else settings.layers, num_attention_heads=heads,
                              num_key_value_heads=heads, max_position_embeddings=2048,
                              pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
                              initializer_range=0.02)

@@ -89,18 +89,33 @@ class SPPOConfig(AgentPipelineConfig):
 
     def check(self) -> SPPOConfig:
         self.check_common()
+        if self.train.loss not in ("sppo", self.loss):  # train_iteration trains with ``loss``: it would be ignored
+            raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}"
+                              " (sppo, or dpo for the self-play DPO baseline); remove train.loss")
         self.check_oracle()
         return self
 
     def check_oracle(self) -> None:
         """Before any work (the oracle is built after SFT and sampling): one line for a model
-        oracle without ``oracle.model`` or with a path that is no model folder."""
+        oracle without ``oracle.model`` or with a path that is no such model, and for an
+        ``oracle.model`` the env-reward oracle would ignore."""
         from turnrl.models.loading import check_model_name
+        from turnrl.oracles.pairwise import PAIRWISE_CONFIG
 
-        if self.oracle.kind != "env_reward":
-            if self.oracle.model is None:
-                raise TurnRLError(f"oracle.kind={self.oracle.kind} needs oracle.model (a model directory)")
-            check_model_name(self.oracle.model, "oracle.model")
+        kind, model = self.oracle.kind, self.oracle.model
+        if kind == "env_reward":
+            if model is not None:
+                raise TurnRLError(f"oracle.model={model} is not used by oracle.kind=env_reward; set oracle.kind "
+                                  "(pairwise_model or judge) or remove oracle.model")
+            return
+        if model is None:
+            raise TurnRLError(f"oracle.kind={kind} needs oracle.model (a model directory)")
+        if kind == "judge":
+            check_model_name(model, "oracle.model")
+        elif not (Path(model) / PAIRWISE_CONFIG).is_file():
+            what = "no such folder" if not Path(model).is_dir() else f"no {PAIRWISE_CONFIG} in it"
+            raise TurnRLError(f"oracle.model: {model}: not a pairwise preference model ({what}); train one with "
+                              "`turnrl train preference-model` and give its model folder")
 
     def eto_view(self) -> Any:
         """The same settings as an ETO config, to reuse its SFT, rollout and eval stages."""
@@ -151,8 +166,13 @@ def build_data(cfg: SPPOConfig, samples: list[Trajectory], scored_out: Path, dat
     ranked = [_with_return(t, float(t.meta["win_rate"])) for t in scored]
     pairs: list[Pair] = []
     for p in self_play_pairs(ranked, stats={}):
-        pairs.append(Pair(p.task_id, _restore(p.chosen), _restore(p.rejected),
-                          {**p.meta, "kind": "self_play_oracle", "oracle": oracle.name}))
+        chosen, rejected = _restore(p.chosen), _restore(p.rejected)
+        # self_play_pairs recorded the ranking key (the win rate) as the returns: record both as they are
+        pairs.append(Pair(p.task_id, chosen, rejected,
+                          {**p.meta, "kind": "self_play_oracle", "oracle": oracle.name,
+                           "chosen_return": chosen.return_, "rejected_return": rejected.return_,
+                           "chosen_win_rate": float(chosen.meta["win_rate"]),
+                           "rejected_win_rate": float(rejected.meta["win_rate"])}))
     if not pairs:
         raise TurnRLError(f"{data_out}: no pairs (every task's samples tie under the oracle)")
     write_jsonl(data_out, pairs)

@@ -72,7 +72,7 @@ class PreferenceConfig(TrainConfig):
     eta: float = 1.0
     """SPPO's target scale: the log-ratio is regressed on eta * (P - 1/2)."""
     sppo_variant: Literal["soft", "hard"] = "soft"
-    """soft: targets eta (P - 1/2); hard: +eta/2 for samples with P > 1/2, -eta/2 otherwise."""
+    """soft: targets eta (P - 1/2); hard: +eta/2 for samples with P > 1/2, -eta/2 below 1/2, 0 for a tie."""
     ref_model: str | None = None
     """Reference model; None = the starting model (adapter-disabled base under LoRA)."""
     max_length: int = 4096
