@@ -263,6 +263,16 @@ BAD_LINES: list[tuple[str, str, str]] = [
         "messages[2].token_ids must be a list of integers",
     ),
     (
+        "negative token id",
+        json.dumps(with_message(2, token_ids=[1, -2, 3])),
+        "messages[2].token_ids[1] must be a token id in [0, 2**31) (got -2)",
+    ),
+    (
+        "token id past 32 bits",  # passed validation, then training crashed with an OverflowError
+        json.dumps(with_message(2, token_ids=[1, 2, 2**32])),
+        "messages[2].token_ids[2] must be a token id in [0, 2**31) (got 4294967296)",
+    ),
+    (
         "logprobs length",
         json.dumps(with_message(2, logprobs=[-1.0])),
         "messages[2].logprobs has 1 entries but token_ids has 3",

@@ -244,7 +244,7 @@ def test_cli_on_scripted_policies(tmp_path: Path, capsys) -> None:
         (["--fb-max-repeats", "-1"], "--fb-max-repeats must be >= 0 (got -1)"),
         (["--fb-template", "ACTION"], "--fb-template must contain '{action}' once (got 'ACTION')"),
         (["--fb-max-repeats", "990"], "--fb-max-repeats must be <= 989 (got 990)"),
-        (["--seed", "-1"], "--seed must be >= 0 (got -1)"),
+        (["--seed", "-1"], "Invalid value for '--seed': Input should be greater than or equal to 0"),
         (["--aid", "epsilon-greedy:eps=2"], "aid 'epsilon-greedy': eps must be in [0, 1] (got 2.0)"),
         (["--aid", "self-consistency:k=0"], "aid 'self-consistency': k must be an integer >= 1 (got 0.0)"),
         (["--aid", "epsilon-greedy:eps"], "aid 'epsilon-greedy': expected key=value, got 'eps'"),

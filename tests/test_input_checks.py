@@ -433,3 +433,22 @@ def test_critic_sizes_are_checked_up_front(override: str, message: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(TurnRLError, match=rf"^override '{override}': bad value for '{key}': {re.escape(message)}$"):
         load_config(CriticConfig, overrides=[override])
+
+
+def test_a_key_in_an_optional_section_gets_a_suggestion_and_a_union_names_no_type_tag() -> None:
+    """``lora`` is ``LoraSettings | None``: its unknown keys got no "did you mean", and a bad value
+    of a union field was named with the member pydantic tried (``lora.target_modules.list[str]``)."""
+    from pydantic import ValidationError
+
+    from turnrl.config import format_validation_error
+    from turnrl.train.sft import SFTConfig
+
+    def message(value: dict) -> str:
+        with pytest.raises(ValidationError) as e:
+            SFTConfig.model_validate(value)
+        return format_validation_error(SFTConfig, e.value, "override")
+
+    assert message({"lora": {"alpah": 3}}) == "override: unknown key 'lora.alpah' (did you mean 'alpha'?)"
+    assert message({"lora": {"target_modules": 5}}).startswith("override: bad value for 'lora.target_modules': ")
+    assert message({"lora": {"r": "x"}}).startswith("override: bad value for 'lora.r': ")
+    assert message({"lr": "x"}).startswith("override: bad value for 'lr': ")

@@ -99,6 +99,48 @@ def test_resume_accepts_another_save_cadence_and_a_finished_out_is_left_untouche
     with pytest.raises(TurnRLError, match="already holds a run"):
         train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(**common))
     assert stats.read_text() == "{}"
+    # a resume under another config is refused before data_stats.json is rewritten (it was rewritten
+    # first, so the finished run described data it never trained on)
+    with pytest.raises(TurnRLError, match="the config changed since this checkpoint"):
+        train_sft(str(tiny_dir), demos, tmp_path / "a", SFTConfig(**{**common, "lr": 2e-3}), resume=True)
+    assert stats.read_text() == "{}"
+
+
+def test_a_model_or_adapter_folder_of_no_run_in_out_is_refused_not_replaced(tiny_dir: Path, demos: Path,
+                                                                            tmp_path: Path) -> None:
+    """The final save replaces OUT/model and OUT/adapter: in a folder that holds no run they may be the
+    user's (``--model proj/model --out proj`` used to replace the input model itself)."""
+    import shutil
+
+    from turnrl.errors import TurnRLError
+
+    proj = tmp_path / "proj"
+    shutil.copytree(tiny_dir, proj / "model")
+    (proj / "model" / "NOTES.txt").write_text("mine")
+    common = {"max_steps": 1, "lr": 1e-3, "row_tokens": 1024, "batch_size": 8}
+    with pytest.raises(TurnRLError, match=r"proj/model: exists and is no run's output"):
+        train_sft(str(proj / "model"), demos, proj, SFTConfig(**common))
+    assert (proj / "model" / "NOTES.txt").read_text() == "mine" and not (proj / "data_stats.json").exists()
+    (tmp_path / "q" / "adapter").mkdir(parents=True)
+    with pytest.raises(TurnRLError, match=r"q/adapter: exists and is no run's output"):
+        train_sft(str(tiny_dir), demos, tmp_path / "q", SFTConfig(**common))
+    train_sft(str(tiny_dir), demos, tmp_path / "fresh", SFTConfig(**common))  # an empty or new folder trains
+
+
+def test_load_trajectories_reads_an_eto_exploration_output_and_names_what_is_no_file(tmp_path: Path) -> None:
+    """ETO writes each exploration output as one pretty-printed object (``<task id>.json``), which
+    ``import-eto`` reads; ``train sft --data`` used to send it to the JSONL reader."""
+    from turnrl.errors import TurnRLError
+    from turnrl.train.sft import load_trajectories
+
+    item = {"conversations": [{"from": "human", "value": "Board"}, {"from": "gpt", "value": "Thought: t\nAction: 4"}],
+            "meta": {"reward": 1.0}}
+    path = tmp_path / "12.json"
+    path.write_text(json.dumps(item, indent=2))
+    (t,) = load_trajectories(path)
+    assert t.task_id == "12" and t.success and t.messages[-1].action == "4"
+    with pytest.raises(TurnRLError, match=r"^/dev/null: not a regular file$"):
+        load_trajectories("/dev/null")
 
 
 def test_load_trajectories_names_a_file_that_is_not_utf8(tmp_path: Path) -> None:

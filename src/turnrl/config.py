@@ -207,23 +207,51 @@ def _fill(default: BaseModel, value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field holds: its annotation, or the model member of an optional or union
+    one (``LoraSettings | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    members = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return members[0] if len(members) == 1 else None
+
+
 def _fields_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Valid field names of the (nested) model at ``loc``'s parent, for suggestions."""
     model: Any = cls
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        model = _section_model(getattr(field, "annotation", None))
+        if model is None:
             return []
-        model = ann
     return list(model.model_fields)
+
+
+def _key_of(cls: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """``loc`` as the dotted key a user writes: the parts pydantic adds to name the member of a union
+    it tried (``lora.target_modules.list[str]``, ``lora.LoraSettings.r``) are left out."""
+    model: Any = cls
+    parts: list[str] = []
+    tags: set[str] = set()
+    for part in loc:
+        if isinstance(part, str) and part in tags and (model is None or part not in model.model_fields):
+            continue  # the union member pydantic tried: no key of the user's
+        parts.append(str(part))
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        annotation = getattr(field, "annotation", None)
+        members = typing.get_args(annotation) if field is not None else ()
+        tags = {getattr(a, "__name__", "") if isinstance(a, type) and issubclass(a, BaseModel) else
+                str(a).replace("typing.", "") for a in members} | {"none", "None"}
+        tags |= {t.lower() for t in tags}
+        model = _section_model(annotation)
+    return ".".join(parts) or "<root>"
 
 
 def format_validation_error(cls: type[BaseModel], err: ValidationError, source: str) -> str:
     """One line naming the first bad key, with a suggestion for unknown keys."""
     first = err.errors()[0]
     loc = tuple(first.get("loc", ()))
-    key = ".".join(str(p) for p in loc) or "<root>"
+    key = _key_of(cls, loc)
     if first.get("type") == "extra_forbidden":
         fields = _fields_at(cls, loc) if loc else []
         given = first.get("input")

@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from turnrl.cli.diagnose import diagnose_app
-from turnrl.cli.options import out_dir, out_file
+from turnrl.cli.options import Seed, out_dir, out_file
 from turnrl.cli.output import console, err_console
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
@@ -141,7 +141,7 @@ def data_import_eto(
 def model_init_tiny(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the model to.", callback=out_dir)],
     preset: str = "tiny",
-    seed: int = 0,
+    seed: Seed = 0,
 ) -> None:
     """Build the embedded tiny model (tokenizer trained on env text, random weights)."""
     from turnrl.models.tiny import build_tiny
@@ -187,7 +187,7 @@ def collect(
     split: str = "train",
     episodes: Episodes = 100,
     num_envs: NumEnvs = 32,
-    seed: int = 0,
+    seed: Seed = 0,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 1.0,
     max_new_tokens: MaxNewTokens = 64,
     history: History = None,
@@ -224,7 +224,7 @@ def eval_cmd(
     split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable).")] = None,
     episodes: Episodes = 100,
     num_envs: NumEnvs = 32,
-    seed: int = 0,
+    seed: Seed = 0,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
     max_new_tokens: MaxNewTokens = 64,
     history: History = None,

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from turnrl.cli.options import out_dir
+from turnrl.cli.options import Seed, out_dir
 from turnrl.cli.output import console
 
 diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnostics (regret, coverage, "
@@ -36,7 +36,7 @@ def diagnose_bandit(
     instances: Annotated[int, typer.Option(help="Bandit instances (the first tasks of --split).")] = 64,
     runs: Annotated[int | None, typer.Option(help="Episodes per instance (default: 8 scripted, 1 model).")] = None,
     split: str = "seen",
-    seed: int = 0,
+    seed: Seed = 0,
     num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step (models).")] = 32,
     temperature: Annotated[float, typer.Option(min=0.0, help="Model sampling temperature; 0 = greedy.")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 192,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -24,3 +24,8 @@ def _output_check(directory: bool) -> Any:
 
 #: ``callback=`` of an option naming a file / a folder the command writes
 out_file, out_dir = _output_check(False), _output_check(True)
+
+
+#: a ``--seed`` option: the seeds numpy and torch take (:data:`turnrl.config.SEED_RANGE`), refused in one
+#: line where it is given, not with an overflow traceback once the command has started
+Seed = Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Random seed, 0 to 2**31 - 1.")]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from turnrl.cli.options import out_dir, out_file
+from turnrl.cli.options import Seed, out_dir, out_file
 from turnrl.cli.output import console
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Config overrides key=value.", show_default=False)]
@@ -35,7 +35,7 @@ def comparisons(
     soft: Annotated[bool, typer.Option(help="Keep the oracle's soft probability as the label.")] = False,
     pairs_per_task: Annotated[int | None, typer.Option(min=1, help="At most this many pairs a task.")] = None,
     skip_ties: Annotated[bool, typer.Option(help="Drop pairs with equal returns.")] = False,
-    seed: int = 0,
+    seed: Seed = 0,
 ) -> None:
     """Labelled comparisons (for `turnrl train preference-model`) between trajectories of the same task,
     labelled by the env-reward oracle."""

@@ -168,7 +168,7 @@ def _iter_items(path: Path) -> Iterator[tuple[str, Any]]:
     except IsADirectoryError:
         raise TurnRLError(f"{path}: is a directory, not an ETO file") from None
     jsonl = path.suffix.lower() == ".jsonl"  # JSON lines by name, even of one line: each needs its "id"
-    if head.startswith(b"{") and not jsonl and (not _first_line_is_json(path) or _one_line(path)):
+    if head.startswith(b"{") and not jsonl and (not first_line_is_json(path) or _one_line(path)):
         # One object, pretty-printed or on one line, as ETO writes an exploration output (one
         # file a task, named by the task id and without an "id" key): one item, id from the file name.
         item = _load_json(path)
@@ -196,7 +196,7 @@ def _one_line(path: Path) -> bool:
     return seen == 1
 
 
-def _first_line_is_json(path: Path) -> bool:
+def first_line_is_json(path: Path) -> bool:
     """Whether the first non-blank line is a JSON value by itself (so the file is JSONL)."""
     with open(path, "rb") as f:
         for raw in f:

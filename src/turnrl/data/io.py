@@ -190,8 +190,9 @@ def _message(d: Any, where: str, name: str) -> Message:
     logprobs: list[float] | None = None
     if d.get("token_ids") is not None:
         token_ids = _number_list(d["token_ids"], f"{name}.token_ids", where, integers=True)
-        if any(t < 0 for t in token_ids):
-            _fail(where, f"{name}.token_ids must be non-negative")
+        bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < 2**31), None)
+        if bad is not None:  # a tokenizer decodes ids of 32 bits at most: larger ones crashed training
+            _fail(where, f"{name}.token_ids[{bad}] must be a token id in [0, 2**31) (got {token_ids[bad]})")
     if d.get("logprobs") is not None:
         if token_ids is None:
             _fail(where, f"{name}.logprobs needs {name}.token_ids (one log-prob per token)")

@@ -650,11 +650,34 @@ class Trainer:
     # ------------------------------------------------------------------ train
 
     def check_out(self, resume: bool) -> None:
-        """Refuse an ``out_dir`` that holds a run (a checkpoint or a summary) unless resuming: called by
-        :meth:`train`, and by a trainer before it writes files of its own there."""
-        if not resume and (latest_checkpoint(self.out_dir) is not None or (self.out_dir / SUMMARY).exists()):
+        """Called by :meth:`train`, and by a trainer before it writes files of its own there. Without
+        ``resume``, refuse an ``out_dir`` that holds a run (a checkpoint or a summary), or a ``model/``
+        or ``adapter/`` of no run (the final save replaces them: they may be the user's, even the input
+        model). With ``resume``, refuse a newest checkpoint of another config or process count."""
+        ckpt = latest_checkpoint(self.out_dir)
+        if not resume:
+            if ckpt is not None or (self.out_dir / SUMMARY).exists():
+                raise TurnRLError(
+                    f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
+                )
+            for name in ("model", "adapter"):
+                if (self.out_dir / name).exists():
+                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output (no checkpoint or "
+                                      f"{SUMMARY} beside it); the final save would replace it: choose another --out")
+            return
+        if ckpt is None:
+            return
+        state = json.loads((ckpt / TRAINER_STATE).read_text())
+        if state.get("config_hash") != self.config_hash and state.get("config_hash") not in self.legacy_hashes:
             raise TurnRLError(
-                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
+                f"{ckpt}: the config changed since this checkpoint was written "
+                f"(hash {state.get('config_hash')} != {self.config_hash}); "
+                "resume with the same config or choose another --out"
+            )
+        if int(state.get("num_processes", self.num_processes)) != self.num_processes:
+            raise TurnRLError(
+                f"{ckpt}: written by {state['num_processes']} processes, this run has "
+                f"{self.num_processes}; resume with the same number of processes"
             )
 
     def train(self, resume: bool = False) -> TrainResult:
@@ -662,23 +685,12 @@ class Trainer:
         acc = self.accelerator
         ckpt_root = self.out_dir / CHECKPOINTS
         summary_path = self.out_dir / SUMMARY
-        self.check_out(resume)
+        self.check_out(resume)  # a checkpoint of another config or process count is refused there
         ckpt = latest_checkpoint(self.out_dir)
         start_step, elapsed0 = 0, 0.0
         state: dict[str, Any] = {}
         if ckpt is not None:
             state = json.loads((ckpt / TRAINER_STATE).read_text())
-            if state.get("config_hash") != self.config_hash and state.get("config_hash") not in self.legacy_hashes:
-                raise TurnRLError(
-                    f"{ckpt}: the config changed since this checkpoint was written "
-                    f"(hash {state.get('config_hash')} != {self.config_hash}); "
-                    "resume with the same config or choose another --out"
-                )
-            if int(state.get("num_processes", self.num_processes)) != self.num_processes:
-                raise TurnRLError(
-                    f"{ckpt}: written by {state['num_processes']} processes, this run has "
-                    f"{self.num_processes}; resume with the same number of processes"
-                )
         acc.wait_for_everyone()
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -46,14 +46,21 @@ class SFTConfig(TrainConfig):
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
-    """turnrl JSONL, or ETO's format (a JSON list or JSONL of ``conversations``)."""
+    """turnrl JSONL, or ETO's format (a JSON list or JSONL of ``conversations``, or one pretty-printed
+    object in a ``.json`` file, as ETO writes an exploration output)."""
+    from turnrl.data.eto import first_line_is_json
+
     p = Path(path)
     if not p.is_file():
-        raise TurnRLError(f"{p}: {'is a directory, not a trajectory file' if p.is_dir() else 'no such file'}")
+        what = ("is a directory, not a trajectory file" if p.is_dir() else
+                "not a regular file" if p.exists() else "no such file")
+        raise TurnRLError(f"{p}: {what}")
     with p.open(errors="replace") as f:  # a sniff: read_trajectories names a file that is not UTF-8
-        head = f.read(4096).lstrip()
+        head = f.read(4096).lstrip().lstrip("\ufeff")
     if head.startswith("[") or '"conversations"' in head.split("\n", 1)[0]:
         return import_eto(p)
+    if p.suffix.lower() == ".json" and head.startswith("{") and not first_line_is_json(p):
+        return import_eto(p)  # one object over several lines: no JSONL of turnrl's
     return read_trajectories(p)
 
 
