@@ -151,6 +151,17 @@ def test_collect_and_eval_play_with_a_pipelines_prompt_rules(tmp_path: Path, cap
     assert "unknown --invalid-action 'stop'" in one_line_error(code, err)
 
 
+def test_eval_takes_model_as_the_spelling_of_policy_that_design_gives(tmp_path: Path, capsys) -> None:
+    """DESIGN's command line is ``turnrl eval --model M``: the same option as ``--policy``."""
+    import json
+
+    out = tmp_path / "e.json"
+    code, _, err = run(["eval", "--env", "tictactoe", "--model", "expert", "--episodes", "2", "--split", "seen",
+                        "--out", str(out)], capsys)
+    assert code == 0, err
+    assert json.loads(out.read_text())["results"][0]["policy"] == "expert"
+
+
 def test_an_unknown_engine_is_refused_for_any_policy(tmp_path: Path, capsys) -> None:
     out = tmp_path / "e.json"
     code, _, err = run(["eval", "--env", "tictactoe", "--policy", "expert", "--episodes", "1", "--out", str(out),

@@ -1137,6 +1137,61 @@ def test_compare_base_row_is_one_evaluation_when_greedy_and_one_a_seed_when_samp
                     tmp_path / "t1.0" / "seed-1" / "base-eval.json"]
 
 
+def test_compare_base_row_is_the_untrained_model_when_pipeline_model_gives_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``pipeline.model`` (the start agent, the sft row) the base row evaluated that same agent."""
+    from turnrl.pipelines import compare
+    from turnrl.pipelines.eto import EtoConfig
+
+    seen: list[str] = []
+    monkeypatch.setattr(compare, "evaluate_model",
+                        lambda pipe, model, out, label, **kw: seen.append(model) or [{"split": "seen"}])
+    cfg = compare.CompareConfig(out=str(tmp_path), pipeline=EtoConfig(model="start-agent", base="untrained"))
+    run = compare.SeedRun(cfg, 0, tmp_path / "seed-0", cfg.pipeline, "start-agent", "start-agent",
+                          tmp_path / "expert.jsonl")
+    compare._base(run)
+    assert seen == ["untrained"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["pipeline.train.gamma=0.3"], r"^pipeline\.train\.gamma=0\.3: no method reads it"),
+    (["methods=[eto]", "pipeline.iterations=0"], r"^pipeline\.iterations=0: method eto needs at least one"),
+    (["methods=[sppo]", "pipeline.iterations=0"], r"^pipeline\.iterations=0: SPPO takes it and needs >= 1"),
+    (["methods=[sppo_dpo]", "pipeline.samples_per_task=1"], r"^pipeline\.samples_per_task=1: SPPO takes it"),
+])
+def test_compare_refuses_settings_it_would_ignore_or_clamp(overrides: list[str], message: str) -> None:
+    """Each was accepted: the gamma was overwritten by dmpo_gammas, no eto row was made, and SPPO's
+    iterations and K were raised to 1 and 2 without a word."""
+    from turnrl.errors import TurnRLError
+    from turnrl.pipelines.compare import CompareConfig, _check
+
+    with pytest.raises(TurnRLError, match=message):
+        _check(load_config(CompareConfig, None, overrides))
+    # the SPPO section may give its own (the pipeline's value is then not SPPO's)
+    _check(load_config(CompareConfig, None, ["methods=[sppo]", "pipeline.samples_per_task=1",
+                                             "sppo.samples_per_task=5"]))
+
+
+def test_compare_settings_pin_a_given_start_models_weights(tmp_path: Path, tiny_dir: Path) -> None:
+    """A start model replaced in place under the same path made compare reuse every finished stage."""
+    import shutil
+
+    from turnrl.errors import TurnRLError
+    from turnrl.pipelines.compare import CompareConfig, compare_settings
+    from turnrl.pipelines.iterative import check_settings
+
+    model = tmp_path / "start"
+    shutil.copytree(tiny_dir, model)
+    cfg = load_config(CompareConfig, None, [f"out={tmp_path / 'c'}", f"pipeline.model={model}"])
+    check_settings(cfg.out, compare_settings(cfg))
+    check_settings(cfg.out, compare_settings(cfg))  # the same weights: resumes
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    with pytest.raises(TurnRLError, match=r"model_fingerprints\.model"):
+        check_settings(cfg.out, compare_settings(cfg))
+    assert "model_fingerprints" not in compare_settings(load_config(CompareConfig, None, []))  # tiny: built in OUT
+
+
 def test_a_pipeline_out_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from test_cli import one_line_error, run
 

@@ -219,7 +219,8 @@ def collect(
 @app.command("eval")
 def eval_cmd(
     env: Annotated[str, typer.Option(help="Env name.")],
-    policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
+    policy: Annotated[str, typer.Option("--policy", "--model",
+                                        help="expert, random, or a model directory / hub id / tiny.")],
     out: Annotated[Path, typer.Option(help="Report JSON.", callback=out_file)],
     split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable).")] = None,
     episodes: Episodes = 100,

@@ -50,7 +50,7 @@ from turnrl.pipelines.eto import (
     rft,
     run_pipeline,
 )
-from turnrl.pipelines.iterative import check_settings, run_stage
+from turnrl.pipelines.iterative import check_settings, run_stage, start_model_fingerprints
 from turnrl.stats import mean_ci95, overlap, paired_by_unit
 from turnrl.train.core import atomic_write_json, atomic_write_text
 
@@ -126,11 +126,12 @@ def _tag(records: list[Record], method: str, **extra: Any) -> list[Record]:
 
 
 def _base(run: SeedRun) -> list[Record]:
-    # greedy play of the untrained model does not depend on the seed, so every seed shares one
+    # the untrained model (``pipeline.base``), also where ``pipeline.model`` gives the start agent
+    # (whose row is sft). Its greedy play does not depend on the seed, so every seed shares one
     # evaluation; sampled play does (the seed salts the sampling), so each seed plays its own
     sampled = run.pipe.eval_temperature > 0
     out = (run.dir if sampled else Path(run.cfg.out)) / "base-eval.json"
-    return _tag(run.evaluate(run.base_model, out, "base"), "base")
+    return _tag(run.evaluate(run.pipe.base, out, "base"), "base")
 
 
 def _sft(run: SeedRun) -> list[Record]:
@@ -230,6 +231,16 @@ def _check(cfg: CompareConfig) -> None:
         if m not in METHODS:
             raise TurnRLError(f"methods: unknown method '{m}'{did_you_mean(m, list(METHODS))}; "
                               f"choose from: {', '.join(METHODS)}")
+    if cfg.pipeline.train.gamma != EtoConfig().train.gamma:  # ETO trains DPO, DMPO takes dmpo_gammas, SPPO its own
+        raise TurnRLError(f"pipeline.train.gamma={cfg.pipeline.train.gamma}: no method reads it (DMPO's gammas are "
+                          "dmpo_gammas); remove pipeline.train.gamma")
+    if "eto" in cfg.methods and cfg.pipeline.iterations < 1:
+        raise TurnRLError(f"pipeline.iterations={cfg.pipeline.iterations}: method eto needs at least one iteration")
+    if {"sppo", "sppo_dpo"} & set(cfg.methods):  # their defaults come from pipeline unless the section sets them
+        for key, least in (("iterations", 1), ("samples_per_task", 2)):
+            if key not in cfg.sppo and getattr(cfg.pipeline, key) < least:
+                raise TurnRLError(f"pipeline.{key}={getattr(cfg.pipeline, key)}: SPPO takes it and needs >= {least}; "
+                                  f"raise it or set sppo.{key}")
     if len(cfg.seeds) < 1 or len(set(cfg.seeds)) != len(cfg.seeds):
         raise TurnRLError(f"seeds must be distinct and non-empty (got {cfg.seeds})")
     if cfg.best_of_n < 1:
@@ -292,7 +303,7 @@ def seed_run(cfg: CompareConfig, seed: int, log: Log | None = None) -> SeedRun:
     root = Path(cfg.out)
     base_model = prepare_base_model(cfg.pipeline, root, log)  # one tiny model for every seed
     pipe = cfg.pipeline.model_copy(update={"seed": seed, "base": base_model})
-    first = base_model if pipe.model is None else pipe.model  # what 'base' evaluates and RFT retrains
+    first = base_model if pipe.model is None else pipe.model  # what RFT retrains
     if cfg.sft_seed is not None:  # one start for every seed
         start, _ = prepare_base(pipe.model_copy(update={"seed": cfg.sft_seed}), root / f"start-{cfg.sft_seed}", log=log)
         pipe = pipe.model_copy(update={"model": start})
@@ -314,11 +325,20 @@ def _check_iterations(stage: Path, recs: list[Record], n: int) -> None:
                           "choose another out or remove it")
 
 
+def compare_settings(cfg: CompareConfig) -> dict[str, Any]:
+    """What ``OUT/settings.json`` pins: every setting but those runs on one out may vary (``out``,
+    ``seeds``, ``methods``: one process a seed or method group), and the weights of a given start
+    (``pipeline.model``, ``pipeline.base``), so that a model replaced in place is not read through
+    stages its old weights made."""
+    return {**cfg.model_dump(mode="json", exclude={"out", "seeds", "methods"}),
+            **start_model_fingerprints(model=cfg.pipeline.model, base=cfg.pipeline.base)}
+
+
 def run_compare(cfg: CompareConfig, log: Log | None = None) -> dict[str, Any]:
     """Every method for every seed (each a resumable stage), then compare.json/.md and plots."""
     _check(cfg)
     # seeds and methods may differ between runs on one out (one process a seed or method group)
-    check_settings(cfg.out, cfg.model_dump(mode="json", exclude={"out", "seeds", "methods"}))
+    check_settings(cfg.out, compare_settings(cfg))
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     records: list[Record] = []

@@ -260,8 +260,8 @@ def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
     ``select``, ``train_tasks``) on top. An unknown key there is a one-line error."""
     pipe = run.pipe
     shared = pipe.model_dump(include=set(AgentPipelineConfig.model_fields))  # env, prompt, eval, seeds, ...
-    shared.update(model=run.sft, train_tasks=pipe.expert_episodes, iterations=max(1, pipe.iterations),
-                  samples_per_task=max(2, pipe.samples_per_task), temperature=pipe.sample_temperature)
+    shared.update(model=run.sft, train_tasks=pipe.expert_episodes, iterations=pipe.iterations,
+                  samples_per_task=pipe.samples_per_task, temperature=pipe.sample_temperature)
     data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
     return _validate({**data, "out": str(run.dir / _method_name(loss)), "loss": loss}).check()
 

@@ -79,7 +79,7 @@ def _accepted_below(out: Path, seed: int) -> int:
 
 def run(argv: list[str]) -> None:
     from turnrl.config import load_config
-    from turnrl.pipelines.compare import CompareConfig, _check, run_compare, seed_run
+    from turnrl.pipelines.compare import CompareConfig, _check, compare_settings, run_compare, seed_run
     from turnrl.pipelines.iterative import check_settings
     from turnrl.train.core import atomic_write_json
 
@@ -94,7 +94,7 @@ def run(argv: list[str]) -> None:
     seeds = [int(s) for s in rest[5:]]
     cfg = load_config(CompareConfig, config, [*overrides, f"out={out}"])
     _check(cfg)  # what turnrl compare checks before it writes anything
-    check_settings(cfg.out, cfg.model_dump(mode="json", exclude={"out", "seeds", "methods"}))
+    check_settings(cfg.out, compare_settings(cfg))
     (out / "screen").mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         path = out / "screen" / f"seed-{seed}.json"
@@ -110,6 +110,9 @@ def run(argv: list[str]) -> None:
             atomic_write_json(path, {"seed": seed, "validation": reward, "lo": lo, "hi": hi,
                                      "accepted": lo <= reward < hi})
         screen = json.loads(path.read_text())
+        if (screen["lo"], screen["hi"]) != (lo, hi):  # its decision was another band's
+            raise TurnRLError(f"{path}: screened with the band [{screen['lo']}, {screen['hi']}), this run gives "
+                              f"[{lo}, {hi}); give that band or another OUT")
         print(f"{seed}: validation {screen['validation']:.4f}, {'accepted' if screen['accepted'] else 'screened out'}",
               flush=True)
         if screen["accepted"] and cap is not None and _accepted_below(out, seed) >= cap:
@@ -124,6 +127,9 @@ def list_seeds(argv: list[str]) -> None:
         raise ValueError("give OUT")
     out = Path(argv[0])
     finished, accepted = [], 0
+    bands = {(s["lo"], s["hi"]) for s in _screens(out)}
+    if len(bands) > 1:  # one run's seeds were screened with one band
+        raise TurnRLError(f"{out}/screen: seeds screened with several bands {sorted(bands)}")
     for s in _screens(out):
         in_test = s["accepted"] and (cap is None or accepted < cap)
         accepted += s["accepted"]

@@ -54,9 +54,12 @@ def main(argv: list[str]) -> None:
     seeds = sorted({s for (m, s, _) in value if m == "sft" and (not only or s in only)})
     if only - set(seeds):
         raise TurnRLError(f"{out}/compare.json: no SFT record of seed(s) {sorted(only - set(seeds))}")
-    last = max((i for (m, _, i) in value if m == "sppo"), default=0)
+    last = max((i for (m, s, i) in value if m == "sppo" and s in seeds), default=0)
     if last == 0:
         raise TurnRLError(f"{out}/compare.json: no SPPO record; run the compare command with method sppo first")
+    short = [s for s in seeds if ("sppo", s, last) not in value]
+    if only and short:  # a named seed is in the test or the command is wrong: never dropped in silence
+        raise TurnRLError(f"{out}/compare.json: no SPPO iteration {last} of named seed(s) {short}")
     seeds = [s for s in seeds if ("sppo", s, last) in value]
     if len(seeds) < 3:
         raise TurnRLError(f"{out}/compare.json: {len(seeds)} seeds with SPPO's iteration {last}; the test needs 3")
