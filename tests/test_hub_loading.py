@@ -155,3 +155,102 @@ def test_a_damaged_model_folder_is_a_one_line_error(tiny_dir: Path, tmp_path: Pa
     with pytest.raises(TurnRLError, match=rf"^cannot load model '{bad}': .*\(is the folder complete\?\)$") as e:
         load_model(bad)
     assert "\n" not in str(e.value)
+
+
+def test_a_config_whose_values_do_not_fit_together_is_a_one_line_error(tiny_dir: Path, tmp_path: Path) -> None:
+    """transformers validates a config through huggingface_hub's strict dataclasses, whose error is
+    no ValueError: a hidden size the heads do not divide was a traceback."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_model
+
+    bad = tmp_path / "heads"
+    shutil.copytree(tiny_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 5, "num_key_value_heads": 5}))
+    with pytest.raises(TurnRLError, match=rf"^cannot load model '{bad}': ") as e:
+        load_model(bad)
+    assert "\n" not in str(e.value)
+    with pytest.raises(TurnRLError, match=r"^unknown dtype 'half'; choose from: auto, float32"):
+        load_model(tiny_dir, dtype="half")
+
+
+def test_a_devices_spelling_or_absence_is_a_one_line_error(tiny_dir: Path) -> None:
+    import torch
+
+    from turnrl.devices import check_device, default_device
+    from turnrl.errors import TurnRLError
+    from turnrl.rollout import load_policy
+
+    assert check_device("cpu") == "cpu" and default_device("cpu") == "cpu"
+    with pytest.raises(TurnRLError, match=r"^device 'gpu': not a device torch knows"):
+        load_policy(str(tiny_dir), device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(TurnRLError, match=r"^device 'cuda': no CUDA GPU is visible here"):
+            load_policy(str(tiny_dir), device="cuda")
+    else:
+        with pytest.raises(TurnRLError, match=r"^device 'cuda:99': this machine has"):
+            check_device("cuda:99")
+
+
+def test_a_fingerprint_reads_no_hidden_folder(tiny_dir: Path, tmp_path: Path) -> None:
+    """``huggingface-cli download --local-dir`` keeps ``.cache/huggingface/download/*.metadata``
+    beside the weights and rewrites its time on every download: the same weights fingerprinted
+    otherwise each time (a resumed collection then refused them as other weights)."""
+    from turnrl.models.loading import model_fingerprints
+
+    local = tmp_path / "local"
+    shutil.copytree(tiny_dir, local)
+    before = model_fingerprints(local)
+    meta = local / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("abc\n1764400000.1\n")
+    assert model_fingerprints(local) == before
+    meta.write_text("abc\n1764400001.7\n")
+    assert model_fingerprints(local) == before
+    (local / "extra.txt").write_text("a file of the model's")  # one outside a hidden folder still counts
+    assert model_fingerprints(local)[0] != before[0]
+
+
+def test_a_policy_is_fingerprinted_after_its_model_loads(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub id is fingerprinted by its snapshot in the hub cache, which the first load makes: taken
+    before the load, the first run recorded the name's fingerprint and its resume was refused."""
+    from turnrl.models import loading
+    from turnrl.rollout import load_policy
+
+    calls: list[str] = []
+    real_load, real_prints = loading.load_model, loading.model_fingerprints
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: calls.append("load") or real_load(*a, **k))
+    monkeypatch.setattr(loading, "model_fingerprints", lambda p: calls.append("fingerprint") or real_prints(p))
+    policy = load_policy(str(tiny_dir))
+    assert calls == ["load", "fingerprint"] and policy.fingerprint == real_prints(tiny_dir)[0]
+
+
+def test_building_the_tiny_model_leaves_the_callers_random_stream_alone(tmp_path: Path) -> None:
+    """The build seeded torch's global generator, so a policy's sampling salt depended on whether the
+    tiny model was built in that process or found in the cache."""
+    import torch
+
+    from turnrl.models.tiny import build_tiny
+
+    torch.manual_seed(1)
+    build_tiny(tmp_path / "t", episodes_per_split=4)
+    after_build = torch.rand(3)
+    torch.manual_seed(1)
+    assert torch.equal(after_build, torch.rand(3))
+
+
+def test_the_trainers_stop_ids_are_the_samplers_without_a_generation_config(tiny_dir: Path, tmp_path: Path) -> None:
+    """Without generation_config.json transformers makes the sampler's from config.json; the trainer
+    read none, so a reply that stopped on an EOS id only config.json names was re-encoded."""
+    from turnrl.models.loading import load_tokenizer
+    from turnrl.rollout import load_policy
+    from turnrl.rollout.policies import training_chat
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_dir, bare)
+    (bare / "generation_config.json").unlink()
+    cfg = json.loads((bare / "config.json").read_text())
+    (bare / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [cfg["eos_token_id"], 0]}))
+    sampler_stops = set(load_policy(str(bare)).chat.stop_token_ids)
+    assert 0 in sampler_stops
+    assert set(training_chat(str(bare), load_tokenizer(bare)).stop_token_ids) == sampler_stops

@@ -100,7 +100,9 @@ def model_fingerprints(path: str | Path) -> tuple[str, str]:
     h, old = hashlib.sha256(), hashlib.sha256()
     span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
-        if not f.is_file() or f.name.startswith("."):
+        # hidden files and folders are no weights: `huggingface-cli download --local-dir` keeps a
+        # .cache/ there whose metadata it rewrites (a time) on every download of unchanged files
+        if not f.is_file() or any(part.startswith(".") for part in f.relative_to(p).parts):
             continue
         size = f.stat().st_size
         for x in (h, old):
@@ -193,7 +195,7 @@ def load_tokenizer(name: str | Path) -> Any:
     path = resolve_model_path(name)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except _config_errors() as e:
         raise TurnRLError(f"cannot load tokenizer '{name}': {str(e).splitlines()[0]}{_hub_hint(name)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
@@ -220,6 +222,17 @@ def training_dtype(mixed_precision: str, lora: bool) -> str:
     return half if half is not None and (deepspeed or lora and torch.cuda.is_available()) else "float32"
 
 
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What loading raises for a folder it cannot read: OSError and ValueError, and huggingface_hub's
+    validation error of a config whose values do not fit together (``hidden_size`` not a multiple
+    of the heads), which is neither."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: its checks raise ValueError
+        return (OSError, ValueError)
+    return (OSError, ValueError, StrictDataclassError)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -237,18 +250,23 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
         on_gpu = device is not None and str(device).startswith("cuda") and torch.cuda.is_available()
         torch_dtype = torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
     else:
-        torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                       "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                  "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+        if dtype not in dtypes:
+            raise TurnRLError(f"unknown dtype '{dtype}'; choose from: auto, {', '.join(dtypes)}")
+        torch_dtype = dtypes[dtype]
     from safetensors import SafetensorError
 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except (OSError, ValueError) as e:
+    except _config_errors() as e:
         raise TurnRLError(f"cannot load model '{name}': {_first_line(e)}{_hub_hint(name)}") from None
     except (SafetensorError, RuntimeError) as e:  # a cut weight file; a config.json the weights do not fit
         if isinstance(e, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):  # torch < 2.5: cuda's
             raise
         raise TurnRLError(f"cannot load model '{name}': {_first_line(e)} (is the folder complete?)") from None
     if device is not None:
-        model.to(device)  # type: ignore[arg-type]
+        from turnrl.devices import check_device
+
+        model.to(check_device(device))  # type: ignore[arg-type]
     return model

@@ -130,7 +130,6 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
     )
     tok.chat_template = CHATML_TEMPLATE
 
-    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden,
@@ -145,7 +144,9 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
         pad_token_id=tok.pad_token_id,
         initializer_range=0.02,
     )
-    model = LlamaForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # seeded here without moving the caller's random stream
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -172,16 +172,19 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     if engine == "vllm":
         import_vllm()  # a missing install fails before anything loads
     path = resolve_model_path(spec)
-    fingerprint, legacy = model_fingerprints(path)
+    # each fingerprint is taken once the model is loaded: a hub id is fingerprinted by its snapshot in
+    # the hub cache, which loading it the first time makes (before, by its name: a resume then differed)
     if engine == "vllm":
         tok = load_tokenizer(spec)
         chat = ChatFormat(tok, extra_stop_ids=_path_eos(path))
         vengine = VLLMEngine(path, chat.stop_token_ids, **(engine_opts or {}))
+        fingerprint, legacy = model_fingerprints(path)
         # the engine's seed salts the sampler's keyed seeds (without one, torch's global generator does)
         return ModelPolicy(vengine, chat, sampling or SamplingConfig(), history=history, name=spec,
                            fingerprint=fingerprint, seed=(engine_opts or {}).get("seed"), legacy_fingerprint=legacy)
     tok = load_tokenizer(spec)
     model = load_model(spec, device=default_device(device))
+    fingerprint, legacy = model_fingerprints(path)
     chat = ChatFormat(tok, extra_stop_ids=_gen_eos(model))
     hf = HFEngine(model, tok, chat.stop_token_ids)
     return ModelPolicy(hf, chat, sampling or SamplingConfig(), history=history, name=spec, fingerprint=fingerprint,
@@ -223,13 +226,18 @@ def training_chat(model_name: str, tok: Any) -> ChatFormat:
 
 
 def _path_eos(path: str) -> list[int]:
-    """The generation config's end-of-sequence ids of a model directory / hub id (no weights loaded)."""
-    from transformers import GenerationConfig
+    """The generation config's end-of-sequence ids of a model directory / hub id (no weights loaded);
+    without a ``generation_config.json``, the one transformers makes from ``config.json`` when it
+    loads the model (the sampler's, :func:`_gen_eos`)."""
+    from transformers import AutoConfig, GenerationConfig
 
     try:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
     except (OSError, ValueError):
-        return []
+        try:
+            eos = GenerationConfig.from_model_config(AutoConfig.from_pretrained(path)).eos_token_id
+        except (OSError, ValueError):
+            return []
     if eos is None:
         return []
     return [eos] if isinstance(eos, int) else list(eos)
