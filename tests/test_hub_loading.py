@@ -204,11 +204,24 @@ def test_a_fingerprint_reads_no_hidden_folder(tiny_dir: Path, tmp_path: Path) ->
     meta = local / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
     meta.parent.mkdir(parents=True)
     meta.write_text("abc\n1764400000.1\n")
-    assert model_fingerprints(local) == before
+    first = model_fingerprints(local)
+    assert first[0] == before[0]
     meta.write_text("abc\n1764400001.7\n")
-    assert model_fingerprints(local) == before
+    assert model_fingerprints(local)[0] == before[0]
+    # the form before 29 Nov 2026 reads them still, as the episodes and checkpoints it made did
+    assert first[1] != before[1]
     (local / "extra.txt").write_text("a file of the model's")  # one outside a hidden folder still counts
     assert model_fingerprints(local)[0] != before[0]
+
+
+def test_a_start_model_not_downloaded_yet_is_not_pinned_by_its_name(tiny_dir: Path) -> None:
+    """A hub id's fingerprint is its name's until the run downloads it, and its snapshot's after:
+    pinned by name, the run's own resume was refused."""
+    from turnrl.pipelines.iterative import start_model_fingerprints
+
+    assert start_model_fingerprints(model="turnrl-test/never-downloaded", base="tiny") == {}
+    got = start_model_fingerprints(model="turnrl-test/never-downloaded", base=str(tiny_dir))
+    assert list(got["model_fingerprints"]) == ["base"]
 
 
 def test_a_policy_is_fingerprinted_after_its_model_loads(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1144,13 +1144,15 @@ def test_compare_base_row_is_the_untrained_model_when_pipeline_model_gives_the_s
     from turnrl.pipelines.eto import EtoConfig
 
     seen: list[str] = []
+    outs: list[Path] = []
     monkeypatch.setattr(compare, "evaluate_model",
-                        lambda pipe, model, out, label, **kw: seen.append(model) or [{"split": "seen"}])
+                        lambda pipe, model, out, label, **kw: seen.append(model) or outs.append(out) or [{}])
     cfg = compare.CompareConfig(out=str(tmp_path), pipeline=EtoConfig(model="start-agent", base="untrained"))
     run = compare.SeedRun(cfg, 0, tmp_path / "seed-0", cfg.pipeline, "start-agent", "start-agent",
                           tmp_path / "expert.jsonl")
     compare._base(run)
-    assert seen == ["untrained"]
+    # in a file of its own: an older folder's base-eval.json holds the start agent's games
+    assert seen == ["untrained"] and outs == [tmp_path / "base-eval-untrained.json"]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

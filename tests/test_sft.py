@@ -141,6 +141,10 @@ def test_load_trajectories_reads_an_eto_exploration_output_and_names_what_is_no_
     assert t.task_id == "12" and t.success and t.messages[-1].action == "4"
     with pytest.raises(TurnRLError, match=r"^/dev/null: not a regular file$"):
         load_trajectories("/dev/null")
+    cut = tmp_path / "demos.json"  # turnrl lines in a .json file, the first cut short: named as turnrl's
+    cut.write_text('{"schema": "turnrl.trajectory/v1", "id": "a", "messages": [\n{"schema": "x"}\n')
+    with pytest.raises(TurnRLError, match=r"demos\.json:1: invalid JSON"):
+        load_trajectories(cut)
 
 
 def test_load_trajectories_names_a_file_that_is_not_utf8(tmp_path: Path) -> None:

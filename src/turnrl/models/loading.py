@@ -68,6 +68,13 @@ def _hub_snapshot(name: str) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
+def model_files(name: str | Path) -> Path | None:
+    """Where ``name``'s files are: the folder, or a hub id's snapshot in the hub cache; None for a
+    hub id not downloaded yet (whose fingerprint is then its name's, until it is)."""
+    p = Path(name)
+    return p if p.is_dir() else _hub_snapshot(str(name))
+
+
 def name_fingerprint(name: str | Path) -> str:
     """The fingerprint of a model known only by its name (a hub id not in the cache; before 28 Nov
     2026, every hub id)."""
@@ -100,28 +107,32 @@ def model_fingerprints(path: str | Path) -> tuple[str, str]:
     h, old = hashlib.sha256(), hashlib.sha256()
     span = _FINGERPRINT_BYTES * _FINGERPRINT_CHUNKS
     for f in sorted(p.rglob("*")):
-        # hidden files and folders are no weights: `huggingface-cli download --local-dir` keeps a
-        # .cache/ there whose metadata it rewrites (a time) on every download of unchanged files
-        if not f.is_file() or any(part.startswith(".") for part in f.relative_to(p).parts):
+        if not f.is_file() or f.name.startswith("."):
             continue
+        # files in hidden folders are no weights: `huggingface-cli download --local-dir` keeps a
+        # .cache/ there whose metadata it rewrites (a time) on every download of unchanged files.
+        # The form before 29 Nov 2026 read them, as the records it made did.
+        hidden = any(part.startswith(".") for part in f.relative_to(p).parts)
         size = f.stat().st_size
-        for x in (h, old):
+        for x in (old,) if hidden else (h, old):
             x.update(f"{f.relative_to(p)}:{size}".encode())
         counted_before = f.suffix in {".safetensors", ".bin", ".json", ".model", ".pt", ".txt"}
         with f.open("rb") as fh:
             if size <= span:
                 data = fh.read()
-                h.update(data)
+                if not hidden:
+                    h.update(data)
                 if counted_before:
                     old.update(data)
                 continue
             for k in range(_FINGERPRINT_CHUNKS):
                 fh.seek((size - _FINGERPRINT_BYTES) * k // (_FINGERPRINT_CHUNKS - 1))
                 data = fh.read(_FINGERPRINT_BYTES)
-                h.update(data)
+                if not hidden:
+                    h.update(data)
                 if counted_before:
                     old.update(data)
-            if f.suffix == ".safetensors":
+            if f.suffix == ".safetensors" and not hidden:
                 for sample in _tensor_samples(fh, size):
                     h.update(sample)
     return h.hexdigest()[:16], old.hexdigest()[:16]

@@ -130,7 +130,9 @@ def _base(run: SeedRun) -> list[Record]:
     # (whose row is sft). Its greedy play does not depend on the seed, so every seed shares one
     # evaluation; sampled play does (the seed salts the sampling), so each seed plays its own
     sampled = run.pipe.eval_temperature > 0
-    out = (run.dir if sampled else Path(run.cfg.out)) / "base-eval.json"
+    # before 29 Nov 2026 the base row of a run with pipeline.model was that start agent's, in base-eval.json
+    name = "base-eval.json" if run.pipe.model is None else "base-eval-untrained.json"
+    out = (run.dir if sampled else Path(run.cfg.out)) / name
     return _tag(run.evaluate(run.pipe.base, out, "base"), "base")
 
 

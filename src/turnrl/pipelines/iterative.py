@@ -142,12 +142,15 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 def start_model_fingerprints(**models: str | Path | None) -> dict[str, Any]:
     """Settings entries that pin the weights of the models a run starts from (given by folder or hub
-    id; None and the embedded ``tiny``, which OUT builds, are left out): a model replaced in place
+    id; None, the embedded ``tiny``, which OUT builds, and a hub id not in the hub cache yet are left out): a model replaced in place
     under the same path is then another setting, and its finished stages are not reused. Folders
     made before this key existed lack it and resume as before (a key one side lacks is not compared)."""
-    from turnrl.models.loading import model_fingerprint
+    from turnrl.models.loading import model_files, model_fingerprint
 
-    prints = {k: model_fingerprint(str(v)) for k, v in models.items() if v is not None and str(v) != "tiny"}
+    # a hub id not downloaded yet is left out: its name's fingerprint would differ from the snapshot's
+    # once the run downloads it, refusing the run's own resume
+    prints = {k: model_fingerprint(str(v)) for k, v in models.items()
+              if v is not None and str(v) != "tiny" and model_files(str(v)) is not None}
     return {"model_fingerprints": prints} if prints else {}
 
 

@@ -59,8 +59,9 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
         head = f.read(4096).lstrip().lstrip("\ufeff")
     if head.startswith("[") or '"conversations"' in head.split("\n", 1)[0]:
         return import_eto(p)
-    if p.suffix.lower() == ".json" and head.startswith("{") and not first_line_is_json(p):
-        return import_eto(p)  # one object over several lines: no JSONL of turnrl's
+    if (p.suffix.lower() == ".json" and head.startswith("{") and '"conversations"' in head
+            and not first_line_is_json(p)):
+        return import_eto(p)  # an ETO object over several lines (a cut turnrl line names no conversations)
     return read_trajectories(p)
 
 
