@@ -383,7 +383,7 @@ def test_sppo_settings_that_would_fail_or_do_nothing_late_are_refused_up_front()
 
     with pytest.raises(TurnRLError, match=r"^oracle\.kind=judge needs oracle\.model"):
         SPPOConfig(oracle={"kind": "judge"}).check()
-    with pytest.raises(TurnRLError, match=r"^oracle\.model: .*not found"):
+    with pytest.raises(TurnRLError, match=r"^oracle\.model: /no/such/model: not a pairwise preference model \(no such folder\)"):
         SPPOConfig(oracle={"kind": "pairwise_model", "model": "/no/such/model"}).check()
     with pytest.raises(TurnRLError, match=r"^compare config, section sppo: oracle\.kind=pairwise_model needs"):
         _check(CompareConfig(methods=["sppo"], sppo={"oracle": {"kind": "pairwise_model"}}))
