@@ -142,8 +142,9 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 def start_model_fingerprints(**models: str | Path | None) -> dict[str, Any]:
     """Settings entries that pin the weights of the models a run starts from (given by folder or hub
-    id; None, the embedded ``tiny``, which OUT builds, and a hub id not in the hub cache yet are left out): a model replaced in place
-    under the same path is then another setting, and its finished stages are not reused. Folders
+    id; None, the embedded ``tiny``, which OUT builds, and a hub id not in the hub cache yet are left
+    out): a model replaced in place under the same path is then another setting, and its finished
+    stages are not reused. Folders
     made before this key existed lack it and resume as before (a key one side lacks is not compared)."""
     from turnrl.models.loading import model_files, model_fingerprint
 
