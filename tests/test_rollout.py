@@ -620,3 +620,43 @@ def test_an_action_in_backticks_before_a_period_is_read() -> None:
                                                 ("Action: \"4\".", "4")])
 def test_quotes_inside_an_action_stay(reply: str, action: str) -> None:
     assert parse_action(reply).action == action
+
+
+def test_random_invalid_rule_with_no_valid_action_to_draw_returns_an_error_observation_and_says_so() -> None:
+    """An env listing no valid action now ([], not None) leaves ``random`` nothing to draw: the episode
+    goes on with an error observation, and the note said "episode ended"."""
+    from turnrl import envs
+    from turnrl.rollout.sampler import EpisodeSpec, Sampler
+
+    class NoMoves:
+        def __init__(self) -> None:
+            self.env = envs.make("tictactoe")
+            self.name, self.instruction = self.env.name, self.env.instruction
+
+        def reset(self, **kw):
+            obs, info = self.env.reset(**kw)
+            return obs, {**info, "valid_actions": []}
+
+        def step(self, action: str):
+            return self.env.step(action)
+
+        def close(self) -> None:
+            self.env.close()
+
+        def __getattr__(self, name: str):  # everything else is the tic-tac-toe env's
+            return getattr(self.env, name)
+
+    class Four:
+        name = "four"
+
+        def act(self, requests):
+            return [Reply("Thought: centre.\nAction: 4") for _ in requests]
+
+    sampler = Sampler(NoMoves, Four(), env_name="tictactoe", prompt=PromptConfig(invalid_penalty=-1.0))
+    try:
+        (t,) = sampler.run([EpisodeSpec(0, "train", "ttt-s0", 0)])
+    finally:
+        sampler.close()
+    first = next(m for m in t.messages if m.role == "assistant")
+    assert first.note == "invalid action '4'; returned an error observation"
+    assert t.rewards[0] == -1.0 and t.messages[3].content.startswith("Invalid action: '4'")

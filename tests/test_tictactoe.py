@@ -336,3 +336,15 @@ def test_repeated_invalid_actions_truncate() -> None:
     assert results[-1][4]["success"] is False and results[-1][4]["valid_actions"] == []
     with pytest.raises(TurnRLError, match="reset"):
         env.step("0")
+
+
+@pytest.mark.parametrize(("agent_first", "task_id"), [(True, "ttt-o03148-s1"), (False, "ttt-o0314-s1")])
+def test_an_opening_the_opponent_could_end_before_the_agent_moves_is_refused(agent_first: bool, task_id: str) -> None:
+    """The opponent's first move, played in reset, could end the game, and the agent then played on a
+    finished board (both sides with three in a row; the expert crashed on no legal move)."""
+    env = make("tictactoe", agent_first=agent_first)
+    with pytest.raises(TurnRLError, match=rf"task id '{task_id}': the opponent moves first and could end the game"):
+        env.reset(options={"task_id": task_id})
+    for split in ("train", "seen", "unseen"):  # no task of the splits is such an opening
+        for t in env.task_ids(split)[:: 7]:
+            env.reset(options={"task_id": t})

@@ -29,7 +29,8 @@ Tasks. A task id encodes the opening (marks already on the board) and the oppone
 - ``ttt-o{cells}-s{seed}``: an opening, ``cells`` being the cells of the marks placed so
   far in move order, X first (``ttt-o40-s7``: X on 4, O on 0, opponent seed 7).
 
-Any well-formed id is playable; the splits are fixed lists of them:
+Any well-formed id is playable, but for an opening after which the opponent moves first and could
+end the game before the agent moves (refused at reset); the splits are fixed lists of them:
 
 - ``train``: empty board, opponent seeds 0..999 (1000 tasks);
 - ``seen``: empty board, opponent seeds 100000..100199 (200 held-out seeds of the training
@@ -278,6 +279,11 @@ class TicTacToe(TextEnv):
         "train"))[seed % len]`` (a random one when ``seed`` is None)."""
         task_id = self.choose_task(seed, options)
         board, opp_seed = parse_task(task_id)
+        if to_move(board) != self.agent_mark and any(is_over(play(board, c)) for c in legal_moves(board)):
+            # the opponent's first move, played here, could end the game before the agent plays (decided
+            # for every opponent and seed alike, not by the move the seed draws)
+            raise TurnRLError(f"tictactoe: task id {task_id!r}: the opponent moves first and could end the game "
+                              f"before the agent (playing {self.agent_mark}) moves; give a shorter opening")
         self._task_id = task_id
         self._rng = random.Random(opp_seed)
         self._board = board

@@ -210,7 +210,7 @@ class Sampler:
             if cfg.invalid_action == "random" and valid_actions:
                 executed = slot.rng.choice(valid_actions)
                 msg.note = f"invalid action {parsed.action!r}; executed random valid action {executed!r}"
-            elif cfg.invalid_action == "error" or (cfg.invalid_action == "random" and executed is None):
+            elif cfg.invalid_action in ("error", "random"):  # random with no valid action to draw: an error too
                 executed = None
                 msg.note = f"invalid action {parsed.action!r}; returned an error observation"
             else:  # end
