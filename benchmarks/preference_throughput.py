@@ -246,6 +246,14 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, Path(args.workdir), args)))
         return
+    import importlib.util
+
+    missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
+    if missing:  # the peer is not installed: say so, as rollout_engines does without a GPU
+        reason = f"needs {' and '.join(missing)}: pip install -e '.[bench]'"
+        print(f"preference_throughput: skipped ({reason})")
+        print(json.dumps({"benchmark": "preference_throughput", "skipped": reason}))
+        return
 
     import shutil
 
