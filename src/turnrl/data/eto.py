@@ -11,9 +11,10 @@ ETO (and FastChat / ShareGPT before it) stores one trajectory as::
 either as a JSON file holding a list of such objects (``webshop_sft.json``), as JSON
 Lines, one object a line (a ``.jsonl`` file is always read so, even of one line), or as one
 (pretty-printed) object in a JSON file, as ETO writes each exploration output
-(``outputs/.../<task id>.json``; the ``id`` then defaults to the file name). By ETO's convention the first human message holds the task
-instruction (often with an in-context example) and the first gpt reply is an "OK"
-acknowledgement; after that, human = observation and gpt = the agent's turn.
+(``outputs/.../<task id>.json``; the ``id`` then defaults to the file name). By ETO's
+convention the first human message holds the task instruction (often with an in-context
+example) and the first gpt reply is an "OK" acknowledgement; after that, human = observation
+and gpt = the agent's turn.
 
 The mapping is faithful, message for message: every ``human`` becomes a ``user`` message,
 every ``gpt`` an ``assistant`` message (the "OK" included, as ETO trains on it), and a
