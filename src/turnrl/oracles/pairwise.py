@@ -176,8 +176,10 @@ def build_pairwise_model(settings: PairwiseSettings, seed: int = 0) -> tuple[Pai
         if settings.preset not in PRESETS:
             raise TurnRLError(f"unknown preset '{settings.preset}'; choose from: {', '.join(PRESETS)}")
         hidden, inter, layers, heads, _ = PRESETS[settings.preset]
+        if settings.layers is not None:
+            layers = settings.layers
         config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=inter,
-                             num_hidden_layers=layers if settings.layers is None else settings.layers, num_attention_heads=heads,
+                             num_hidden_layers=layers, num_attention_heads=heads,
                              num_key_value_heads=heads, max_position_embeddings=2048,
                              pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
                              initializer_range=0.02)
