@@ -52,7 +52,8 @@ def _bound(x: float) -> str:
 
 
 #: the seeds a config takes: numpy's and torch's generators refuse negative and very large ones
-SEED_RANGE = Range(0, 2**31 - 1)
+SEED_MAX = 2**31 - 1
+SEED_RANGE = Range(0, SEED_MAX)
 
 
 class Config(BaseModel):

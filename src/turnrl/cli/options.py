@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from turnrl.config import SEED_MAX
 from turnrl.errors import check_output
 
 
@@ -28,4 +29,4 @@ out_file, out_dir = _output_check(False), _output_check(True)
 
 #: a ``--seed`` option: the seeds numpy and torch take (:data:`turnrl.config.SEED_RANGE`), refused in one
 #: line where it is given, not with an overflow traceback once the command has started
-Seed = Annotated[int, typer.Option(min=0, max=2**31 - 1, help="Random seed, 0 to 2**31 - 1.")]
+Seed = Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed, 0 to 2**31 - 1.")]

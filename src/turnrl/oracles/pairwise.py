@@ -43,6 +43,17 @@ PAIRWISE_CONFIG = "pairwise_config.json"
 WEIGHTS = "model.safetensors"
 
 
+def check_pairwise_folder(path: str | Path) -> Path:
+    """``path`` if it holds a model of ``turnrl train preference-model`` (its ``pairwise_config.json``),
+    else a one-line error saying what is missing."""
+    p = Path(path)
+    if not (p / PAIRWISE_CONFIG).is_file():
+        what = "no such folder" if not p.is_dir() else f"no {PAIRWISE_CONFIG} in it"
+        raise TurnRLError(f"{p}: not a pairwise preference model ({what}); train one with "
+                          "`turnrl train preference-model` and give its model folder")
+    return p
+
+
 class PairwiseSettings(Config):
     """How the pairwise model is built and how it reads a comparison."""
 
@@ -117,10 +128,7 @@ class PairwiseModel(nn.Module):
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModel
 
-        p = Path(path)
-        if not (p / PAIRWISE_CONFIG).is_file():
-            raise TurnRLError(f"{p}: not a pairwise preference model (no {PAIRWISE_CONFIG}); "
-                              "train one with `turnrl train preference-model`")
+        p = check_pairwise_folder(path)
         meta = json.loads((p / PAIRWISE_CONFIG).read_text())
         settings = PairwiseSettings.model_validate(meta["settings"])
         bcfg = dict(meta["backbone_config"])
@@ -251,9 +259,7 @@ class PairwiseModelOracle(Oracle):
                 raise TurnRLError("PairwiseModelOracle(model) needs its tokenizer")
             self.model, tok = path, tokenizer
         else:
-            p = Path(path)
-            if not p.is_dir():
-                raise TurnRLError(f"pairwise model not found: {p}")
+            p = check_pairwise_folder(path)
             self.model = PairwiseModel.from_pretrained(p)
             tok = tokenizer or _load_tokenizer(p)
             device = default_device(device)  # a model given as an object stays where it is

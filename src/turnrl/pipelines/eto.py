@@ -534,7 +534,8 @@ def run_pipeline(cfg: EtoConfig, out: str | Path | None = None, *, log: Log | No
     out = Path(out if out is not None else cfg.out)
     given = {"given_model": model, "given_expert": expert, "given_exploration": first_explore}
     check_settings(out, {**cfg.model_dump(mode="json", exclude={"out"}), **given,
-                         **start_model_fingerprints(model=cfg.model, base=cfg.base, given_model=model)}, free=("iterations",))
+                         **start_model_fingerprints(model=cfg.model, base=cfg.base, given_model=model)},
+                   free=("iterations",))
     if model is None or expert is None:
         model, expert = prepare_base(cfg, out, log=log)
     if base is None and cfg.self_play and cfg.rft_init == "base":  # a given start model is the base, as in compare

@@ -100,7 +100,7 @@ class SPPOConfig(AgentPipelineConfig):
         oracle without ``oracle.model`` or with a path that is no such model, and for an
         ``oracle.model`` the env-reward oracle would ignore."""
         from turnrl.models.loading import check_model_name
-        from turnrl.oracles.pairwise import PAIRWISE_CONFIG
+        from turnrl.oracles.pairwise import check_pairwise_folder
 
         kind, model = self.oracle.kind, self.oracle.model
         if kind == "env_reward":
@@ -112,10 +112,11 @@ class SPPOConfig(AgentPipelineConfig):
             raise TurnRLError(f"oracle.kind={kind} needs oracle.model (a model directory)")
         if kind == "judge":
             check_model_name(model, "oracle.model")
-        elif not (Path(model) / PAIRWISE_CONFIG).is_file():
-            what = "no such folder" if not Path(model).is_dir() else f"no {PAIRWISE_CONFIG} in it"
-            raise TurnRLError(f"oracle.model: {model}: not a pairwise preference model ({what}); train one with "
-                              "`turnrl train preference-model` and give its model folder")
+        else:
+            try:
+                check_pairwise_folder(model)
+            except TurnRLError as e:
+                raise TurnRLError(f"oracle.model: {e}") from None
 
     def eto_view(self) -> Any:
         """The same settings as an ETO config, to reuse its SFT, rollout and eval stages."""
