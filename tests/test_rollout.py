@@ -660,3 +660,37 @@ def test_random_invalid_rule_with_no_valid_action_to_draw_returns_an_error_obser
     first = next(m for m in t.messages if m.role == "assistant")
     assert first.note == "invalid action '4'; returned an error observation"
     assert t.rewards[0] == -1.0 and t.messages[3].content.startswith("Invalid action: '4'")
+
+
+def test_error_observation_repeats_the_unchanged_state_so_an_agent_without_history_sees_the_board() -> None:
+    """With ``invalid_action=error`` and ``history=0`` the agent sees only the last observation: the
+    error observation used to say only "Invalid action ... Valid actions ...", without the board."""
+    from turnrl.rollout.sampler import EpisodeSpec, Sampler
+
+    seen: list[list[Message]] = []
+
+    class OffBoardThenFirst:
+        name = "off-board-then-first"
+
+        def act(self, requests):
+            out = []
+            for r in requests:
+                view, _ = agent_view(r.messages, r.turn, 0)
+                seen.append(view)
+                out.append(Reply("Action: 9" if r.turn == 0 else f"Action: {r.valid_actions[0]}"))
+            return out
+
+    from turnrl import envs
+
+    sampler = Sampler(lambda: envs.make("tictactoe"), OffBoardThenFirst(), env_name="tictactoe",
+                      prompt=PromptConfig(invalid_action="error", history=0))
+    try:
+        (t,) = sampler.run([EpisodeSpec(0, "train", "ttt-s0", 0)])
+    finally:
+        sampler.close()
+    first_obs = t.messages[1].content
+    assert "Board:" in first_obs
+    error_obs = seen[1][-1].content  # what the agent saw at its second turn
+    assert error_obs.startswith("Invalid action: '9'") and error_obs.endswith(first_obs)
+    assert t.messages[2].note == "invalid action '9'; returned an error observation"
+    assert all(m.role != "assistant" for m in seen[1])  # history 0: no earlier exchange in view

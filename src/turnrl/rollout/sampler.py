@@ -89,6 +89,8 @@ class _Slot:
     #: where the env did not report one
     expected: list[float | None] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    #: the env's last observation (of ``reset`` or ``step``): what an error observation repeats
+    obs: str = ""
     rng: random.Random = field(default_factory=random.Random)
     turn: int = 0
 
@@ -193,6 +195,7 @@ class Sampler:
         slot.rewards = []
         slot.expected = []
         slot.info = dict(info)
+        slot.obs = obs
         slot.turn = 0
 
     def _advance(self, slot: _Slot, reply: Any) -> Trajectory | None:
@@ -231,7 +234,8 @@ class Sampler:
             slot.rewards.append(penalty)
             slot.expected.append(penalty)
             shown = ", ".join(valid_actions) if valid_actions else "see the instruction"
-            obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}."
+            # the state is unchanged: repeat it, so that an agent that sees no history still sees it
+            obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}. Nothing changed:\n{slot.obs}"
         else:
             obs, reward, terminated, truncated, info = env.step(executed)
             if info.get("invalid") and parsed.valid:  # an env that lists no actions rejected it: the same rule
@@ -246,6 +250,8 @@ class Sampler:
             expected = info.get("expected_reward")
             slot.expected.append(None if expected is None else float(expected) + penalty)
             slot.info = dict(info)
+            if not info.get("invalid"):  # a rejected action left the state as it was
+                slot.obs = obs
         if not (terminated or truncated) and slot.turn >= env.max_turns:
             truncated = True
         if terminated or truncated:
