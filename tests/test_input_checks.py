@@ -406,6 +406,34 @@ def test_a_missing_model_path_under_an_existing_folder_fails_at_once(tmp_path: P
     assert resolve_model_path("someorg/some-model") == "someorg/some-model"
 
 
+def test_offline_a_hub_id_not_in_the_cache_fails_before_any_work(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, a hub id not downloaded failed only when the pipeline first loaded it (after the expert
+    stage); one in the hub cache passes."""
+    from huggingface_hub import constants
+
+    from turnrl.models.loading import check_model_name
+    from turnrl.pipelines.eto import EtoConfig
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someorg--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--someorg--cached" / "refs").mkdir()
+    (cache / "models--someorg--cached" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    check_model_name("someorg/absent", "base")  # online: the load fetches it (or fails) later
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    check_model_name("someorg/cached", "base")
+    with pytest.raises(TurnRLError, match=rf"^base: cannot load 'someorg/absent' \(offline: hub id 'someorg/absent' "
+                                          rf"is not in the hub cache {re.escape(str(cache))}\); download it first"):
+        check_model_name("someorg/absent", "base")
+    with pytest.raises(TurnRLError, match=r"^base: cannot load 'someorg/absent'"):
+        EtoConfig(base="someorg/absent").check()
+
+
 def test_sft_data_that_is_a_folder_says_so(tmp_path: Path) -> None:
     from turnrl.train.sft import load_trajectories
 

@@ -164,13 +164,16 @@ def _tensor_samples(fh: Any, size: int, n: int = 256) -> list[bytes]:
 
 
 def check_model_name(name: str | Path, key: str = "model") -> None:
-    """Fail early (one line naming ``key``) when ``name`` is a local path but no model folder;
-    ``tiny`` and hub ids pass (they are resolved when loaded)."""
+    """Fail early (one line naming ``key``) when ``name`` is a local path but no model folder, or,
+    offline (``HF_HUB_OFFLINE``), a hub id that is not in the hub cache; ``tiny`` and other hub ids
+    pass (they are resolved when loaded: checking one here would cost the hub's retries twice)."""
     if str(name) != TINY:
         try:
-            _local_dir(str(name))
+            local = _local_dir(str(name))
         except TurnRLError as e:
             raise TurnRLError(f"{key}: {e}") from None
+        if local is None and model_files(name) is None and (hint := _hub_hint(name)):
+            raise TurnRLError(f"{key}: cannot load '{name}'{hint}; download it first or give a model folder")
 
 
 def resolve_model_path(name: str | Path) -> str:
