@@ -267,6 +267,33 @@ def test_replies_sampled_as_trained_are_trained_as_sampled(tiny_tokenizer, style
     assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled
 
 
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_a_reply_cut_at_max_new_tokens_trains_no_end_of_turn_marker_it_never_wrote(tiny_tokenizer, style: str) -> None:
+    """A reply that ran into ``max_new_tokens`` (``cut``) has sampled ids without the marker: they are its
+    action; the template's marker after it is context (mask 0), so the sequence is the same, and
+    the next turn's context is still its prompt."""
+    tok = styled(tiny_tokenizer, style)
+    chat = ChatFormat(tok)
+    a_idx = [i for i, m in enumerate(MESSAGES) if m.role == "assistant"]
+    first = a_idx[0]
+    written = chat.tokenize_text(MESSAGES[first].content)  # the reply's ids, no stop token: cut
+    msgs = list(MESSAGES)
+    msgs[first] = Message("assistant", MESSAGES[first].content, token_ids=written, cut=True)
+    cut, whole = chat.encode(msgs), chat.encode(MESSAGES)
+    assert cut is not None and whole is not None
+    assert cut.input_ids == whole.input_ids and cut.reencoded_turns == 0  # the same sequence
+    assert [i for i, t in zip(cut.input_ids, cut.turn_index, strict=True) if t == 0] == written
+    start = cut.turn_index.index(0) + len(written)
+    marker = chat.tokenize_text(chat.eot_text)
+    assert marker and cut.input_ids[start:start + len(marker)] == marker
+    assert cut.action_mask[start:start + len(marker)] == [0] * len(marker)
+    assert whole.action_mask[start:start + len(marker)] == [1] * len(marker)  # a finished reply's marker is trained
+    assert [m for m, t in zip(cut.action_mask, cut.turn_index, strict=True) if t > 0] == \
+        [m for m, t in zip(whole.action_mask, whole.turn_index, strict=True) if t > 0]  # later turns as before
+    turn1 = cut.turn_index.index(1)
+    assert cut.input_ids[:turn1] == chat.prompt_ids(msgs[:a_idx[1]])
+
+
 def test_qwen3_template_never_trains_a_turn_on_another_context_than_its_prompt(tiny_tokenizer) -> None:
     """Qwen3 renders the last assistant turn with an empty <think> block that earlier turns lose
     once later turns exist: one sequence of the whole conversation would train turns 0 and 1

@@ -5,7 +5,8 @@ content replaced by a unique sentinel string. The sentinels cut the rendered tex
 pieces: template and observation text (never trained on) and the agent's turns. Each agent
 turn's segment is its content plus the end-of-turn marker that follows it in the rendered
 text, when that marker is a special token (``<|im_end|>``, ``<|eot_id|>``,
-``<end_of_turn>``, ``</s>``...), because the model must learn to emit it to stop. Nothing
+``<end_of_turn>``, ``</s>``...), because the model must learn to emit it to stop. A reply cut at
+``max_new_tokens`` (``Message.cut``) did not write its marker: there the marker is context. Nothing
 here knows any template's token layout: the template itself says where things are.
 
 Pieces are tokenized one by one, and agent turns that carry the token ids sampled during
@@ -411,7 +412,15 @@ class ChatFormat:
             content = msg.content if isinstance(msg, Message) else msg["content"]
             piece, reencoded = self.agent_ids(content, seg.eot, sampled, lead=lead)
             lead = ""
-            yield seg, piece, reencoded
+            cut = msg.cut if isinstance(msg, Message) else msg.get("cut")
+            eot_ids = self.tokenize_text(seg.eot) if cut and seg.eot else []
+            if eot_ids and piece[-len(eot_ids):] == eot_ids:
+                # a reply cut at max_new_tokens never wrote its end-of-turn marker: the template's
+                # marker closes the turn in every later context, as context, not as the agent's action
+                yield seg, piece[: -len(eot_ids)], reencoded
+                yield Segment(seg.eot), eot_ids, False
+            else:
+                yield seg, piece, reencoded
 
 
 def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
