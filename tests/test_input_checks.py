@@ -480,3 +480,38 @@ def test_a_key_in_an_optional_section_gets_a_suggestion_and_a_union_names_no_typ
     assert message({"lora": {"target_modules": 5}}).startswith("override: bad value for 'lora.target_modules': ")
     assert message({"lora": {"r": "x"}}).startswith("override: bad value for 'lora.r': ")
     assert message({"lr": "x"}).startswith("override: bad value for 'lr': ")
+
+
+@pytest.mark.parametrize(("cls", "overrides", "message"), [
+    ("eto", ["loss=dmpo", "train.label_smoothing=0.1"], r"^train\.label_smoothing applies to dpo \(cDPO\), not to dmpo$"),
+    ("eto", ["loss=ipo", "train.label_smoothing=0.1"], r"^train\.label_smoothing applies to dpo \(cDPO\), not to ipo$"),
+    ("sppo", ["train.label_smoothing=0.1"], r"^train\.label_smoothing applies to dpo \(cDPO\), not to sppo$"),
+    ("sppo", ["train.sft_weight=0.5"], r"^train\.sft_weight applies to dpo, ipo and dmpo \(pairs\), not to sppo$"),
+    ("eto", ["train.seed=5"], r"^train\.seed=5 is not used: the pipeline trains with its own seed \(0\); set seed"),
+    ("eto", ["sft.seed=7"], r"^sft\.seed=7 is not used"),
+    ("eto", ["history=1", "sft.history=2"], r"^sft\.history=2 is not used: the pipeline trains with its own history \(1\)"),
+    ("sppo", ["train.history=3"], r"^train\.history=3 is not used"),
+])
+def test_pipeline_trainer_settings_no_training_reads_fail_before_any_stage(cls: str, overrides: list[str],
+                                                                           message: str) -> None:
+    """They used to be accepted: label_smoothing failed at the first preference training (after expert
+    games, SFT, exploration and pairs), and a section's seed or history was replaced by the pipeline's."""
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    config = {"eto": EtoConfig, "sppo": SPPOConfig}[cls]
+    with pytest.raises(TurnRLError, match=message):
+        load_config(config, None, overrides).check()
+    ok = ["loss=dpo", "train.label_smoothing=0.1", "sft.seed=0", "sft.history=0", "train.history=null"]
+    load_config(EtoConfig, None, ok).check()  # the defaults, and what dpo reads, pass
+
+
+def test_compare_sppo_section_settings_no_training_reads_fail_before_any_stage() -> None:
+    from turnrl.pipelines.compare import CompareConfig, _check
+
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "compare" / "tictactoe_sppo600.yaml")
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.label_smoothing applies to dpo"):
+        _check(load_config(CompareConfig, config, ["sppo.train.label_smoothing=0.1"]))
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.seed=4 is not used"):
+        _check(load_config(CompareConfig, config, ["sppo.train.seed=4"]))
+    _check(load_config(CompareConfig, config, ["methods=[sft,sppo_dpo]", "sppo.train.label_smoothing=0.1"]))

@@ -280,7 +280,8 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError("sft_seed trains the start and pipeline.model gives one: set one of them")
     cfg.pipeline.check()
     if {"sppo", "sppo_dpo"} & set(cfg.methods):
-        check_compare_section(cfg.sppo)
+        check_compare_section(cfg.sppo, [{"sppo": "sppo", "sppo_dpo": "dpo"}[m] for m in cfg.methods
+                                         if m in ("sppo", "sppo_dpo")])
 
 
 def script_args(argv: list[str]) -> tuple[CompareConfig, str, list[int]]:

@@ -160,10 +160,22 @@ class AgentPipelineConfig(Config):
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
                             invalid_penalty=self.invalid_penalty)
 
+    def check_trainer_sections(self) -> None:
+        """One line for an ``sft.seed``, ``sft.history``, ``train.seed`` or ``train.history`` other
+        than its default: every training of the pipeline takes its own ``seed`` and ``history``."""
+        for section in ("sft", "train"):
+            if section not in type(self).model_fields:
+                continue
+            given, default = getattr(self, section), type(self).model_fields[section].default
+            for key in ("seed", "history"):  # the pipeline's default, or the section's own (a partial dict)
+                if getattr(given, key) not in (getattr(default, key), type(given).model_fields[key].default):
+                    raise TurnRLError(f"{section}.{key}={getattr(given, key)} is not used: the pipeline trains with "
+                                      f"its own {key} ({getattr(self, key)}); set {key} instead")
+
     def check_common(self) -> None:
         """Before any work, one line for: an unknown env, a bad env option (the env is built once),
         a starting model path that is no model folder, an unknown split in ``eval_splits``, a
-        ``train.ref_model`` (which the pipeline would ignore)."""
+        ``train.ref_model``, ``*.seed`` or ``*.history`` (which the pipeline would ignore)."""
         from turnrl import envs
         from turnrl.models.loading import check_model_name
 
@@ -178,6 +190,7 @@ class AgentPipelineConfig(Config):
         for s in self.eval_splits:
             if s not in ("train", "seen", "unseen"):
                 raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
+        self.check_trainer_sections()
         train = getattr(self, "train", None)
         if train is not None and train.ref_model is not None:  # train_iteration sets it: it would do nothing
             raise TurnRLError(f"train.ref_model={train.ref_model}: each iteration's reference is the agent it "
@@ -222,6 +235,7 @@ class EtoConfig(AgentPipelineConfig):
         if self.train.loss not in ("dpo", self.loss):  # train_iteration trains with ``loss``: it would be ignored
             raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}; "
                               f"set loss={self.train.loss} instead")
+        self.train.check_loss(self.loss, "train.")  # before the stages, not at the first training
         if self.truncate_k is not None and self.pairs in ("step", "takeover"):
             raise TurnRLError(f"truncate_k={self.truncate_k} cuts trajectory pairs' losers; pairs={self.pairs} trains "
                               "from the turn its sides part: remove truncate_k")

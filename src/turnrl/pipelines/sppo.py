@@ -40,7 +40,7 @@ Departures from the paper (Wu et al., 2024):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,6 +92,7 @@ class SPPOConfig(AgentPipelineConfig):
         if self.train.loss not in ("sppo", self.loss):  # train_iteration trains with ``loss``: it would be ignored
             raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}"
                               " (sppo, or dpo for the self-play DPO baseline); remove train.loss")
+        self.train.check_loss(self.loss, "train.")  # before the stages, not at the first training
         self.check_oracle()
         return self
 
@@ -290,12 +291,13 @@ def _validate(data: dict[str, Any]) -> SPPOConfig:
         raise TurnRLError(format_validation_error(SPPOConfig, e, "compare config, section sppo")) from None
 
 
-def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
+def check_compare_section(section: dict[str, Any], losses: Sequence[str] = ()) -> dict[str, Any]:
     """The ``sppo`` section of a compare config: any :class:`SPPOConfig` key but those the
     comparison sets (``out``, ``model``, ``env``, ``seed``, ``data_seed``, ``loss``), shares with
     every method (the env's options, the prompt, the evaluation: ``pipeline.*``) or that make the
     start agent (``base``, ``sft``, ``expert_episodes``: the seed's SFT agent is the start); one line
-    for a bad one, a model oracle without its model included."""
+    for a bad one, a model oracle without its model, a ``train.seed`` or ``train.history`` (the
+    pipeline's are used) and a ``train.*`` setting that one of ``losses`` does not read included."""
     for key in _SET_BY_COMPARE:
         if key in section:
             raise TurnRLError(f"compare config, section sppo: '{key}' is set by the comparison")
@@ -309,6 +311,9 @@ def check_compare_section(section: dict[str, Any]) -> dict[str, Any]:
     cfg = _validate(merge(SPPOConfig().model_dump(), section))
     try:
         cfg.check_oracle()
+        cfg.check_trainer_sections()
+        for loss in losses:
+            cfg.train.check_loss(loss, "train.")
     except TurnRLError as e:
         raise TurnRLError(f"compare config, section sppo: {e}") from None
     return dict(section)

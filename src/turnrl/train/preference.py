@@ -93,6 +93,15 @@ class PreferenceConfig(TrainConfig):
                     "label_smoothing": Range(0, 0.5, hi_open=True), "gamma": Range(0, 1, lo_open=True),
                     "eta": Range(0, lo_open=True)}
 
+    def check_loss(self, loss: str | None = None, key: str = "") -> None:
+        """One line for a setting that ``loss`` (default ``self.loss``) does not read; ``key`` is
+        the section's prefix in the error (a pipeline's ``train.``)."""
+        loss = loss or self.loss
+        if self.sft_weight > 0 and loss == "sppo":
+            raise TurnRLError(f"{key}sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
+        if self.label_smoothing > 0 and loss != "dpo":
+            raise TurnRLError(f"{key}label_smoothing applies to dpo (cDPO), not to {loss}")
+
 
 @dataclass
 class Unit:
@@ -433,10 +442,7 @@ def train_preference(
     )
     from turnrl.rollout.policies import training_chat
 
-    if cfg.sft_weight > 0 and cfg.loss == "sppo":
-        raise TurnRLError("sft_weight applies to dpo, ipo and dmpo (pairs), not to sppo")
-    if cfg.label_smoothing > 0 and cfg.loss != "dpo":
-        raise TurnRLError(f"label_smoothing applies to dpo (cDPO), not to {cfg.loss}")
+    cfg.check_loss()
     tok = load_tokenizer(model_name)
     chat = training_chat(model_name, tok)  # the sampler's stop ids
     pad_id = tok.pad_token_id or 0
