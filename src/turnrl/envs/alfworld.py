@@ -113,6 +113,8 @@ class ALFWorld(TextEnv):
     max_turns = 50
 
     def __init__(self, *, data_dir: str | None = None, max_turns: int = 50) -> None:
+        if data_dir is not None and not isinstance(data_dir, str | os.PathLike):
+            raise TurnRLError(f"alfworld: data_dir must be a directory path (got {data_dir!r})")
         raw = data_dir or os.environ.get("ALFWORLD_DATA")
         if not raw:
             raise TurnRLError("alfworld: give data_dir (the directory holding json_2.1.1) or set ALFWORLD_DATA")

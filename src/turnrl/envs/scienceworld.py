@@ -30,7 +30,8 @@ Valid actions. ScienceWorld's parser accepts many phrasings of an action, and th
 action-object combinations the package lists leave out a third of its own gold actions
 (other referents for the same objects), so ``valid_actions`` is None (free text) and the
 sampler never overrides an action; with ``admissible_actions=True`` the package's list is
-put in ``info["admissible_actions"]`` as a hint (it costs more than the step itself).
+put in ``info["admissible_actions"]`` of ``reset`` and of every step as a hint (it costs more
+than the step itself).
 
 Expert. The package's gold action sequence, played from the start of the episode, with
 a templated thought per action (``I need the metal pot, so I pick it up.``). Gold paths
@@ -334,6 +335,9 @@ class ScienceWorld(TextEnv):
     ) -> None:
         if task_names is None:
             names = list(TASK_NAMES)
+        elif not isinstance(task_names, Sequence):  # a str is a Sequence too
+            raise TurnRLError(f"scienceworld: task_names must be a comma-separated string or a list of task names "
+                              f"(got {task_names!r})")
         else:
             names = [n.strip() for n in task_names.split(",")] if isinstance(task_names, str) else list(task_names)
             for n in names:
@@ -415,11 +419,14 @@ class ScienceWorld(TextEnv):
             try:
                 obs = self._load(gold=False)
                 self._description = self._call(lambda s: str(s.getTaskDescription()), "reading the task")
+                info_extra = self._admissible() if self.admissible else {}  # the first turn's list too
                 break
             except JavaFailure as e:
                 if attempt == 2:
                     raise TurnRLError(f"scienceworld: Java failed twice loading {task_id}: {e}") from None
-        return obs, self._info()
+        info = self._info()
+        info.update(info_extra)
+        return obs, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         self.running(self._task, over=self._done)

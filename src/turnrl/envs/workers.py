@@ -15,7 +15,8 @@ Two pieces that compose with the lock-step :class:`~turnrl.rollout.sampler.Sampl
   next planned episode started right away in the same thread. Its results are the
   :class:`Sampler`'s, episode for episode (same planning, same per-episode randomness; it
   reuses the sampler's own ``_start`` / ``_act`` / ``_advance``); only the wall time
-  differs. Envs whose calls release the GIL run in parallel: :class:`ProcessEnv` (pipes),
+  differs. An env call that raises in a thread is raised where the :class:`Sampler` raises it,
+  after the same finished episodes went to ``on_episode``. Envs whose calls release the GIL run in parallel: :class:`ProcessEnv` (pipes),
   ScienceWorld (each env has its own Java process), anything waiting on I/O.
 
 :func:`worker_pool_factory` hosts many envs in a fixed number of shared worker processes
@@ -102,7 +103,7 @@ class _Host:
                     raise
                 except Exception as e:
                     return "build_error", f"{type(e).__name__}: {e}"
-                out: Any = _snapshot(self.envs[key])
+                out: Any = {**_snapshot(self.envs[key]), "name": str(self.envs[key].name)}
             elif op == "close":
                 env = self.envs.pop(key, None)
                 if env is not None:
@@ -326,6 +327,9 @@ class ProcessEnv(TextEnv):
         self.env_name = env_name if worker is None else worker.env_name
         self.env_opts = dict(env_opts or {}) if worker is None else worker.env_opts
         self.factory = factory if worker is None else worker.factory
+        #: the env's name in this proxy's own errors: the registered name, else the env's ``name``
+        #: (known once the worker built it), else the factory's
+        self.label = _label(self.env_name, self.factory)
         self._worker = worker or _Worker(self.env_name, self.env_opts, self.factory, timeout=float(timeout),
                                          start_timeout=float(start_timeout), start_method=start_method)
         self._worker.users += 1
@@ -384,7 +388,7 @@ class ProcessEnv(TextEnv):
             except WorkerFailure as e:
                 self._failed = str(e)
         elif self._failure_told:  # as every env: no step after the episode's end
-            raise TurnRLError(f"{self.env_name}: the episode is over (the environment failed); call reset() "
+            raise TurnRLError(f"{self.label}: the episode is over (the environment failed); call reset() "
                               "to start a new one")
         self._failure_told = True
         info = {"task_id": self._task_id, "won": False, "success": False, "outcome": "env_error",
@@ -397,6 +401,8 @@ class ProcessEnv(TextEnv):
         return None if acts is None else list(acts)
 
     def expert(self, rng: random.Random) -> ExpertStep:
+        if self._failure_told:  # as every env: no expert move after the episode's end
+            raise TurnRLError(f"{self.label}: no expert move: the episode is not running (call reset())")
         if self._failed is None:
             try:
                 step, state = self._call("expert", rng.getstate())
@@ -437,8 +443,21 @@ class ProcessEnv(TextEnv):
     def _update(self, snap: dict[str, Any], info: dict[str, Any] | None = None) -> None:
         self._cache.update(snap)
         self.max_turns = int(snap["max_turns"])
+        if not self.env_name and snap.get("name"):  # built by a factory: the env's own name (from "new")
+            self.label = str(snap["name"])
         #: the actions the last observation listed (``info["valid_actions"]``, what the sampler reads)
         self._listed = None if info is None else info.get("valid_actions")
+
+
+def _label(env_name: str | None, factory: Callable[..., TextEnv] | None) -> str:
+    """What a proxy calls its env: ``env_name``, else the factory's env ``name`` (a
+    :class:`TextEnv` class), else the factory's own name."""
+    if env_name:
+        return env_name
+    name = getattr(factory, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    return str(getattr(factory, "__qualname__", None) or type(factory).__name__)
 
 
 def worker_factory(env_name: str, env_opts: dict[str, Any] | None = None, *, timeout: float = 600.0
@@ -495,8 +514,9 @@ def _threaded_sampler_class() -> type:
             super().__init__(*args, **kwargs)
             self._pool = ThreadPoolExecutor(max_workers=threads or self.num_envs, thread_name_prefix="env")
             self._queue: deque[EpisodeSpec] = deque()
-            self._advanced: dict[int, Trajectory | None] = {}
-            self._prefetched: dict[tuple[int, int], _Slot] = {}
+            # what a thread's _advance / reset gave, an exception included: raised where Sampler raises it
+            self._advanced: dict[int, Trajectory | None | Exception] = {}
+            self._prefetched: dict[tuple[int, int], _Slot | Exception] = {}
 
         def close(self) -> None:
             super().close()
@@ -509,15 +529,16 @@ def _threaded_sampler_class() -> type:
             n = min(self.num_envs, len(specs))
             while len(self._envs) < n:
                 self._envs.append(self.make_env())
-            self._prefetch(list(zip(self._envs[:n], specs[:n], strict=True)))  # first resets, in parallel
             try:
+                self._prefetch(list(zip(self._envs[:n], specs[:n], strict=True)))  # first resets, in parallel
                 return super().run(specs, on_episode=on_episode)
             finally:
                 self._advanced.clear()
                 self._prefetched.clear()
 
         def _prefetch(self, pairs: Sequence[tuple[TextEnv, EpisodeSpec]]) -> None:
-            """Reset ``env`` for ``spec`` in a thread, into a shadow slot :meth:`_start` copies."""
+            """Reset ``env`` for ``spec`` in a thread, into a shadow slot :meth:`_start` copies (or
+            the reset's exception, which :meth:`_start` raises where the plain sampler's reset would)."""
 
             def start(env: TextEnv, spec: EpisodeSpec) -> _Slot:
                 shadow = _Slot(env)
@@ -526,12 +547,17 @@ def _threaded_sampler_class() -> type:
 
             futures = [((id(env), spec.index), self._pool.submit(start, env, spec)) for env, spec in pairs]
             for key, future in futures:
-                self._prefetched[key] = future.result()
+                try:
+                    self._prefetched[key] = future.result()
+                except Exception as e:
+                    self._prefetched[key] = e
 
         def _start(self, slot: _Slot, spec: EpisodeSpec) -> None:
             if self._queue and self._queue[0] is spec:
                 self._queue.popleft()
             shadow = self._prefetched.pop((id(slot.env), spec.index), None)
+            if isinstance(shadow, Exception):
+                raise shadow
             if shadow is None:
                 super()._start(slot, spec)
                 return
@@ -540,17 +566,29 @@ def _threaded_sampler_class() -> type:
 
         def _act(self, active: Sequence[_Slot], requests: Sequence[Any]) -> list[Any]:
             replies = super()._act(active, requests)
-            results = list(self._pool.map(lambda pair: Sampler._advance(self, *pair), zip(active, replies, strict=True)))
-            for slot, result in zip(active, results, strict=True):
+            futures = [self._pool.submit(Sampler._advance, self, slot, reply)
+                       for slot, reply in zip(active, replies, strict=True)]
+            finished: list[_Slot] = []
+            failed = False
+            for slot, future in zip(active, futures, strict=True):
+                try:
+                    result: Trajectory | None | Exception = future.result()
+                except Exception as e:  # raised by _advance, in slot order, after the episodes before it
+                    result, failed = e, True
                 self._advanced[id(slot)] = result
-            finished = [slot for slot, result in zip(active, results, strict=True) if result is not None]
-            upcoming = list(itertools.islice(self._queue, len(finished)))
-            self._prefetch([(slot.env, spec) for slot, spec in zip(finished, upcoming, strict=False)])
+                if isinstance(result, Trajectory):
+                    finished.append(slot)
+            if not failed:  # the run stops at the failed slot: no next episode starts
+                upcoming = list(itertools.islice(self._queue, len(finished)))
+                self._prefetch([(slot.env, spec) for slot, spec in zip(finished, upcoming, strict=False)])
             return replies
 
         def _advance(self, slot: _Slot, reply: Any) -> Trajectory | None:
             if id(slot) in self._advanced:
-                return self._advanced.pop(id(slot))
+                result = self._advanced.pop(id(slot))
+                if isinstance(result, Exception):
+                    raise result
+                return result
             return super()._advance(slot, reply)
 
     return ThreadedSampler
