@@ -188,10 +188,59 @@ LOOP_OWNED = {"seed": "seed", "epochs": "iterations", "max_steps": "iterations",
               "log_every": "iterations (one metrics line each)"}
 
 
-def check_online_config(cfg: OnlineConfig) -> None:
+#: the top-level settings only some of the algorithms read, with those algorithms (the rest -- env,
+#: sampling, prompt, replay, iterations, evaluation and checkpoint cadence -- every algorithm reads)
+READ_BY: dict[str, tuple[str, ...]] = {
+    "gamma": ("archer", "chai"), "tau": ("archer", "chai"), "critic_steps": ("archer", "chai"),
+    "v_target": ("archer", "chai"), "state_system": ("archer", "chai"),
+    "actor_steps": ("archer",), "warmup_iterations": ("archer",), "advantage_norm": ("archer",),
+    "actor_kl": ("archer",), "chai_k": ("chai",), "bc_top": ("filtered_bc",), "bc_steps": ("filtered_bc",),
+}
+#: the actor's settings each algorithm reads: CHAI never trains its actor (it only runs it, at
+#: ``actor.mixed_precision``, the accelerator's precision); filtered BC's SFT objective packs without
+#: ``shared_prefix``; the critic's settings only ArCHer and CHAI read
+ACTOR_KEYS_UNREAD = {"chai": frozenset(ActorConfig.model_fields) - {"mixed_precision"},
+                     "filtered_bc": frozenset({"shared_prefix"}), "archer": frozenset()}
+#: the sizes of the phases an algorithm does not have (how many steps, how large a batch or the critic, when
+#: the actor starts, the BC fraction, CHAI's k) and whether the critic reads the system message: accepted
+#: unread, so that one configuration can drive the three algorithms (as tests/test_archer.py's and
+#: scripts/archer_study.py's do); the other settings an algorithm does not read are refused
+SHARED_SIZES = frozenset({"critic_steps", "actor_steps", "warmup_iterations", "bc_top", "bc_steps", "chai_k",
+                          "state_system", "actor.batch_size", "critic.batch_size", "critic.hidden",
+                          "critic.intermediate", "critic.layers", "critic.heads"})
+#: the evaluation's settings, read only with ``eval_every`` > 0
+EVAL_KEYS = ("eval_episodes", "eval_split", "eval_temperature", "eval_seed")
+
+
+def unread_settings(cfg: OnlineConfig, algo: str) -> list[str]:
+    """``key=value`` of each setting set away from its default that ``algo`` does not read (apart from
+    :data:`SHARED_SIZES`), each with the algorithms that read it."""
+    default = OnlineConfig()
+    out = []
+    for key, readers in READ_BY.items():
+        if algo not in readers and key not in SHARED_SIZES and getattr(cfg, key) != getattr(default, key):
+            out.append(f"{key}={getattr(cfg, key)} (read by {'/'.join(readers)} only)")
+    sections = {"actor": ACTOR_KEYS_UNREAD[algo],
+                "critic": frozenset(CriticConfig.model_fields) if algo == "filtered_bc" else frozenset()}
+    for part, keys in sections.items():
+        sub, sub_default = getattr(cfg, part), getattr(default, part)
+        for key in sorted(keys - set(LOOP_OWNED)):  # the loop-owned ones are refused for every algorithm
+            name = f"{part}.{key}"
+            if name not in SHARED_SIZES and getattr(sub, key) != getattr(sub_default, key):
+                readers = ("archer", "chai") if part == "critic" else tuple(
+                    a for a in ("archer", "filtered_bc") if key not in ACTOR_KEYS_UNREAD[a])
+                value = getattr(sub, key)
+                shown = name if isinstance(value, Config) else f"{name}={value}"  # actor.lora: its name
+                out.append(f"{shown} (read by {'/'.join(readers)} only)")
+    return out
+
+
+def check_online_config(cfg: OnlineConfig, algo: str | None = None) -> None:
     """Refuse, in one line naming the key, what the online loop would ignore or cannot do: a loop-owned
     trainer setting under ``actor.``/``critic.`` (:data:`LOOP_OWNED`), a critic precision other than the
-    actor's (one accelerator), LoRA or gradient checkpointing on the critic (a plain module)."""
+    actor's (one accelerator), LoRA or gradient checkpointing on the critic (a plain module); with
+    ``algo``, a setting that algorithm does not read (:func:`unread_settings`), and an evaluation
+    setting without ``eval_every``."""
     for part in ("actor", "critic"):
         sub = getattr(cfg, part)
         default = type(sub)()
@@ -208,6 +257,18 @@ def check_online_config(cfg: OnlineConfig) -> None:
     if cfg.critic.gradient_checkpointing:
         raise TurnRLError("critic.gradient_checkpointing: not supported by the critic (actor.gradient_checkpointing "
                           "is)")
+    if algo is None:
+        return
+    unread = unread_settings(cfg, algo)
+    if unread:
+        raise TurnRLError(f"{algo} does not read {', '.join(unread)}; leave {'it' if len(unread) == 1 else 'them'} "
+                          "out")
+    if not cfg.eval_every:
+        default = OnlineConfig()
+        off = [f"{k}={getattr(cfg, k)}" for k in EVAL_KEYS if getattr(cfg, k) != getattr(default, k)]
+        if off:
+            raise TurnRLError(f"{', '.join(off)}: evaluation is off (eval_every=0); set eval_every or leave "
+                              f"{'it' if len(off) == 1 else 'them'} out")
 
 
 # --------------------------------------------------------------------------- data
@@ -484,7 +545,7 @@ class OnlineRun:
 
         if algo not in ("archer", "chai", "filtered_bc"):
             raise TurnRLError(f"unknown online algorithm {algo!r}")
-        check_online_config(cfg)
+        check_online_config(cfg, algo)
         self.algo: Algo = algo
         self.cfg = cfg
         self.out = Path(out)
@@ -822,10 +883,37 @@ class OnlineRun:
 
     # ------------------------------------------------------------------ run
 
+    def check_out(self, ckpts: Sequence[Path]) -> None:
+        """Refuse an ``--out`` holding what this run would replace and is not one of the online loop's runs:
+        another command's ``summary.json`` or checkpoints, or (with no checkpoint of this loop beside them) a
+        ``model/``, ``adapter/`` or ``critic.pt`` -- the user's, perhaps the input model -- as the trainer
+        core refuses them. With a checkpoint they are this run's, written by a final save it did not finish."""
+        from turnrl.train.core import list_checkpoints
+
+        summary_path = self.out / "summary.json"
+        if summary_path.exists():
+            try:
+                schema = json.loads(summary_path.read_text()).get("schema")
+            except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+                schema = None
+            if schema == ONLINE_SUMMARY:
+                return  # a finished online run: run() answers it
+            raise TurnRLError(f"{summary_path}: the summary of another command's run ({schema or 'no schema'}), not "
+                              "of an online run; choose another --out")
+        if list_checkpoints(self.out):
+            raise TurnRLError(f"{self._ckpt_root()}: holds another command's checkpoints (step-N), not an online "
+                              "run's; choose another --out")
+        if not ckpts:
+            for name in ("model", "adapter", "critic.pt"):
+                if (self.out / name).exists():
+                    raise TurnRLError(f"{self.out / name}: exists and is no run's output (no checkpoint of an "
+                                      "online run beside it); the final save would replace it: choose another --out")
+
     def run(self, resume: bool = False) -> dict[str, Any]:
         cfg = self.cfg
         summary_path = self.out / "summary.json"
         ckpts = self.checkpoints()
+        self.check_out(ckpts)
         if summary_path.exists():
             done = json.loads(summary_path.read_text())
             if done.get("schema") == ONLINE_SUMMARY:

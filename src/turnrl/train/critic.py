@@ -47,7 +47,8 @@ class CriticConfig(TrainConfig):
     layers: int = 2
     heads: int = 4
     intermediate: int = 256
-    #: ``mean`` over real tokens, the ``last`` real token, or the ``first`` (a [CLS] token)
+    #: ``mean`` over real tokens, the ``last`` real token, or the ``first`` (a [CLS] token; refused on a causal
+    #: encoder -- the ``tiny`` one, any causal LM -- whose first position reads no later token)
     pooling: Literal["mean", "last", "first"] = "mean"
     #: width of the MLP heads (0: the encoder's hidden size)
     head_hidden: int = 0
@@ -220,7 +221,35 @@ def build_critic(cfg: CriticConfig, actor_tokenizer: Any, *, seed: int = 0) -> D
         hidden = int(getattr(backbone.config, "hidden_size", 0) or getattr(backbone.config, "d_model", 0))
         encoder = TextEncoder(backbone, tok, hidden, cfg.pooling)
         _check_reach(encoder, cfg)
+    if cfg.pooling == "first":
+        _check_first_pooling(encoder, cfg)
     return DoubleCritic(encoder, cfg)
+
+
+def _check_first_pooling(encoder: TextEncoder, cfg: CriticConfig) -> None:
+    """Refuse ``pooling=first`` on an encoder whose first position does not read the rest of the text: a
+    causal one (the ``tiny`` encoder, any causal LM), where every state starting with the same token would
+    encode alike and V could not tell states apart. Tried with two texts that share their first token (the
+    states' common ``system:`` / ``user:`` start, or a [CLS] / <s>), not read from the config."""
+    from turnrl.errors import TurnRLError
+
+    a = encoder.ids("user: the first of two texts, X . O")
+    b = encoder.ids("user: another one, . . . / . X .")
+    if len(a) < 2 or len(b) < 2 or a[0] != b[0] or a == b:
+        return  # the tokenizer gives no such pair: nothing to tell
+    was = encoder.training
+    encoder.eval()  # no dropout: the same first position gives the same vector
+    try:
+        with torch.no_grad():
+            first = [encoder.backbone(input_ids=torch.tensor([ids], device=encoder._device()),
+                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long,
+                                                                device=encoder._device())).last_hidden_state[0, 0]
+                     for ids in (a, b)]
+    finally:
+        encoder.train(was)
+    if torch.allclose(first[0].float(), first[1].float(), rtol=1e-5, atol=1e-6):
+        raise TurnRLError(f"critic.pooling=first: critic.encoder '{cfg.encoder}' is causal (its first position does "
+                          "not read the rest of a text), so every state would encode alike; use pooling=mean or last")
 
 
 def _check_reach(encoder: TextEncoder, cfg: CriticConfig) -> None:

@@ -144,6 +144,8 @@ from turnrl.train.forward import PackedBatch, kept_logits, pack_runs
 __all__ = ["PPOConfig", "PPOObjective", "PPORunner", "TurnSample", "train_ppo"]
 
 BANDIT_ENVS = ("bandit", "contextual_bandit")
+#: settings only the value head reads (``advantage=gae``); refused with ``advantage=mc``
+VALUE_HEAD_SETTINGS = ("vf_coef", "value_clip", "gae_lambda", "value_trunk")
 
 
 class PPOConfig(TrainConfig):
@@ -510,6 +512,8 @@ class PPORunner:
     trainer: Trainer | None = None
     steps_per_iter: int = 1
     last_rollout: list[Trajectory] = field(default_factory=list)
+    #: the ``rollout/*`` statistics of this iteration, until a logged step has carried them
+    pending: dict[str, float] = field(default_factory=dict)
 
     # -- helpers -------------------------------------------------------------------------
     @property
@@ -558,12 +562,21 @@ class PPORunner:
 
     # -- the hook ------------------------------------------------------------------------
     def before_step(self, step: int) -> dict[str, float]:
+        """Roll out at the first step of an iteration. Its ``rollout/*`` statistics ride on the
+        iteration's steps until one of them reaches the log (the first, with ``log_every`` 1), so that
+        every iteration logs them once whatever ``log_every`` (at most the steps per iteration)."""
         iteration, within = divmod(step, self.steps_per_iter)
-        if within:
-            return {"iteration": float(iteration)}
-        stats = self.collect(iteration)
-        stats["iteration"] = float(iteration)
-        return {k if k == "iteration" else f"rollout/{k}": v for k, v in stats.items()}
+        if not within:
+            stats = self.collect(iteration)
+            self.pending = {f"rollout/{k}": v for k, v in stats.items()}
+        elif self.pending and self._logged(step):
+            self.pending = {}
+        return {**self.pending, "iteration": float(iteration)}
+
+    def _logged(self, done: int) -> bool:
+        """Whether the trainer logged the record of step ``done`` (1-based, as logged)."""
+        history = getattr(self.trainer, "history", None) or []
+        return bool(history) and history[-1].get("step") == done
 
     def collect(self, iteration: int) -> dict[str, float]:
         """Roll out, compute rewards and advantages, tokenize, recompute old/ref log-probs."""
@@ -736,10 +749,24 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if cfg.group_size > 1 and advantage_kind(cfg, env_name) != "mc":
         raise TurnRLError(f"ppo: group_size {cfg.group_size} needs advantage=mc (the group baseline is a Monte-Carlo "
                           f"baseline; {env_name} defaults to gae)")
+    if advantage_kind(cfg, env_name) == "mc":  # no value head: its settings would be accepted and change nothing
+        unused = [f"{k}={getattr(cfg, k)}" for k in VALUE_HEAD_SETTINGS
+                  if getattr(cfg, k) != PPOConfig.model_fields[k].default]
+        if unused:
+            why = "advantage=mc" if cfg.advantage == "mc" else f"advantage=mc, {env_name}'s default"
+            raise TurnRLError(f"ppo: {', '.join(unused)}: value-head settings (advantage=gae), but this run has no "
+                              f"value head ({why}); leave them out")
+    if cfg.kl_estimator == "full" and cfg.kl_gradient != PPOConfig.model_fields["kl_gradient"].default:
+        raise TurnRLError(f"ppo: kl_gradient={cfg.kl_gradient} chooses the gradient of a per-token KL estimate (k1, k3); "
+                          "kl_estimator=full takes the exact KL, which has none to choose: leave kl_gradient out")
     steps_per_iter = cfg.ppo_epochs * cfg.minibatches
     if cfg.save_every % steps_per_iter:
         raise TurnRLError(f"ppo: save_every ({cfg.save_every}) must be a multiple of the steps per iteration "
                           f"(ppo_epochs x minibatches = {steps_per_iter}); checkpoints fall between iterations")
+    if cfg.log_every > steps_per_iter:
+        raise TurnRLError(f"ppo: log_every ({cfg.log_every}) is more than the steps per iteration (ppo_epochs x "
+                          f"minibatches = {steps_per_iter}): some iterations would log no line, and their rollout "
+                          "statistics would be lost; lower it")
     if bool(cfg.eval_every) != bool(cfg.eval_episodes):  # the evaluation needs both: one alone did nothing
         raise TurnRLError(f"ppo: eval_every ({cfg.eval_every}) and eval_episodes ({cfg.eval_episodes}) go together "
                           "(eval_episodes greedy episodes every eval_every steps); set both or neither")
