@@ -612,6 +612,16 @@ def test_a_critic_encoder_that_does_not_exist_is_named_by_its_key(tiny_tokenizer
         build_critic(CriticConfig(encoder=str(tmp_path / "nowhere")), tiny_tokenizer)
 
 
+def test_tiny_encoder_sizes_with_a_loaded_encoder_are_refused(tiny_dir: Path, tiny_tokenizer) -> None:
+    """critic.hidden/layers/heads/intermediate size the tiny encoder: with a loaded one they did nothing."""
+    from turnrl.errors import TurnRLError
+
+    with pytest.raises(TurnRLError, match=r"^critic\.hidden=32, critic\.layers=1: sizes of the tiny encoder, but "
+                                          r"critic\.encoder=.* brings its own; leave them out$"):
+        build_critic(CriticConfig(encoder=str(tiny_dir), hidden=32, layers=1), tiny_tokenizer)
+    assert build_critic(CriticConfig(hidden=32, layers=1, heads=2, intermediate=64), tiny_tokenizer) is not None
+
+
 def test_a_critic_encoder_is_refused_a_state_longer_than_its_positions(tiny_tokenizer, tmp_path: Path) -> None:
     """A learned position table (RoBERTa's) bounds how long a state the critic reads: a longer
     ``max_state_tokens`` is refused when the critic is built, naming the key, not with an index

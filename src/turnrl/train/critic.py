@@ -207,6 +207,11 @@ def build_critic(cfg: CriticConfig, actor_tokenizer: Any, *, seed: int = 0) -> D
         from turnrl.errors import TurnRLError
         from turnrl.models.loading import resolve_model_path
 
+        sizes = [f"critic.{k}={getattr(cfg, k)}" for k in ("hidden", "layers", "heads", "intermediate")
+                 if getattr(cfg, k) != CriticConfig.model_fields[k].default]
+        if sizes:  # they size the tiny encoder; a loaded one has its own
+            raise TurnRLError(f"{', '.join(sizes)}: sizes of the tiny encoder, but critic.encoder={cfg.encoder} "
+                              "brings its own; leave them out")
         try:
             path = resolve_model_path(cfg.encoder)
         except TurnRLError as e:
