@@ -512,6 +512,13 @@ def test_compare_sppo_section_settings_no_training_reads_fail_before_any_stage()
     config = str(Path(__file__).resolve().parents[1] / "configs" / "compare" / "tictactoe_sppo600.yaml")
     with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.label_smoothing applies to dpo"):
         _check(load_config(CompareConfig, config, ["sppo.train.label_smoothing=0.1"]))
-    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.seed=4 is not used"):
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.seed=4 is not used: each row "
+                                          r"trains with its seed of `seeds`; remove it$"):
         _check(load_config(CompareConfig, config, ["sppo.train.seed=4"]))
+    with pytest.raises(TurnRLError, match=r"^pipeline\.sft\.history=2 is not used: every training takes "
+                                          r"pipeline\.history; set pipeline\.history instead$"):
+        _check(load_config(CompareConfig, config, ["pipeline.sft.history=2"]))
+    with pytest.raises(TurnRLError, match=r"^pipeline\.train\.label_smoothing applies to dpo \(cDPO\), not to dmpo$"):
+        _check(load_config(CompareConfig, config, ["methods=[sft,eto,dmpo]", "pipeline.train.label_smoothing=0.1"]))
     _check(load_config(CompareConfig, config, ["methods=[sft,sppo_dpo]", "sppo.train.label_smoothing=0.1"]))
+    _check(load_config(CompareConfig, config, ["methods=[sft,eto]", "pipeline.train.label_smoothing=0.1"]))

@@ -120,7 +120,7 @@ ONLINE = ["prompt.history=0", "env_opts.opponent=random", "episodes_per_iteratio
     ("filtered_bc", "critic.pooling=last", "critic.pooling"), ("filtered_bc", "actor.shared_prefix=false",
                                                                "actor.shared_prefix"),
     ("chai", "actor.lr=1.0", "actor.lr"), ("chai", "actor_kl=5.0", "actor_kl"),
-    ("chai", "advantage_norm=center", "advantage_norm"), ("chai", "actor.lora.r=4", "actor.lora"),
+    ("chai", "advantage_norm=center", "advantage_norm"),
     ("chai", "actor.dropout=true", "actor.dropout"),
     ("archer", "eval_episodes=7", "eval_episodes"), ("filtered_bc", "eval_temperature=0.3", "eval_temperature"),
     ("chai", "eval_seed=3", "eval_seed"), ("archer", "eval_split=unseen", "eval_split"),
@@ -151,6 +151,8 @@ def test_online_accepts_what_its_algorithm_reads_and_shared_sizes() -> None:
                         "archer")
     check_online_config(cfg("gamma=0.9", "tau=0.2", "v_target=min", "critic.lr=1e-3", "critic.joint=true",
                             "chai_k=3"), "chai")
+    # CHAI loads its frozen actor as every actor is loaded: in half precision under actor.lora
+    check_online_config(cfg("actor.lora.r=4", "actor.mixed_precision=bf16"), "chai")
     check_online_config(cfg("actor.lr=2e-4", "actor.lora.r=4", "bc_top=0.2", "bc_steps=3"), "filtered_bc")
 
 
@@ -226,3 +228,20 @@ def test_online_run_killed_in_its_final_save_still_resumes(tiny_dir: Path, tmp_p
     again = _fbc(tiny_dir, out).run(resume=True)
     assert again["iterations"] == first["iterations"] == 1 and again["config_hash"] == first["config_hash"]
     assert _fbc(tiny_dir, out).run(resume=True)["iterations"] == 1  # finished: answered from its summary
+
+
+def test_archer_actor_samples_cut_at_max_new_tokens_train_no_end_of_turn_marker(tiny_dir: Path, tmp_path: Path) -> None:
+    """ArCHer's a_hat is built by the online loop, not the sampler: a reply cut short is marked ``cut`` as
+    the sampler marks it, so the actor phase does not train a marker the reply never wrote."""
+    from turnrl.train.archer import OnlineConfig, OnlineRun
+
+    cfg = load_config(OnlineConfig, None, [*ONLINE, "sampling.max_new_tokens=2"])
+    run = OnlineRun("archer", str(tiny_dir), "tictactoe", tmp_path / "o", cfg)
+    view = [{"role": "system", "content": "sys"}, {"role": "user", "content": "board"}]
+    (hat,) = run.sample_actions([view])
+    stops = set(run.chat.stop_token_ids)
+    assert len(hat.token_ids) == 2 and hat.token_ids[-1] not in stops  # the tiny model writes more than 2 tokens
+    assert hat.cut is True
+    enc = run.chat.encode([*view, hat], trainable_turns=[0])  # as the actor phase encodes it
+    assert enc is not None
+    assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == hat.token_ids

@@ -278,6 +278,9 @@ def _check(cfg: CompareConfig) -> None:
         raise TurnRLError("sft_seed trains one SFT agent for every seed on one demo set: set pipeline.data_seed too")
     if cfg.sft_seed is not None and cfg.pipeline.model is not None:
         raise TurnRLError("sft_seed trains the start and pipeline.model gives one: set one of them")
+    cfg.pipeline.check_trainer_sections("pipeline.", in_compare=True)
+    if {"dmpo", "loser_length"} & set(cfg.methods):  # their rows train pipeline.train with dmpo
+        cfg.pipeline.train.check_loss("dmpo", "pipeline.train.")
     cfg.pipeline.check()
     if {"sppo", "sppo_dpo"} & set(cfg.methods):
         check_compare_section(cfg.sppo, [{"sppo": "sppo", "sppo_dpo": "dpo"}[m] for m in cfg.methods

@@ -160,17 +160,23 @@ class AgentPipelineConfig(Config):
         return PromptConfig(instruction=self.instruction, history=self.history, invalid_action=self.invalid_action,
                             invalid_penalty=self.invalid_penalty)
 
-    def check_trainer_sections(self) -> None:
+    def check_trainer_sections(self, prefix: str = "", in_compare: bool = False) -> None:
         """One line for an ``sft.seed``, ``sft.history``, ``train.seed`` or ``train.history`` other
-        than its default: every training of the pipeline takes its own ``seed`` and ``history``."""
+        than its default: every training of the pipeline takes its own ``seed`` and ``history``
+        (``in_compare``: a comparison's rows, the seed of ``seeds`` and ``pipeline.history``).
+        ``prefix`` goes before the key named (``pipeline.``)."""
         for section in ("sft", "train"):
             if section not in type(self).model_fields:
                 continue
             given, default = getattr(self, section), type(self).model_fields[section].default
             for key in ("seed", "history"):  # the pipeline's default, or the section's own (a partial dict)
                 if getattr(given, key) not in (getattr(default, key), type(given).model_fields[key].default):
-                    raise TurnRLError(f"{section}.{key}={getattr(given, key)} is not used: the pipeline trains with "
-                                      f"its own {key} ({getattr(self, key)}); set {key} instead")
+                    if in_compare:
+                        why = ("each row trains with its seed of `seeds`; remove it" if key == "seed" else
+                               "every training takes pipeline.history; set pipeline.history instead")
+                    else:
+                        why = f"the pipeline trains with its own {key} ({getattr(self, key)}); set {key} instead"
+                    raise TurnRLError(f"{prefix}{section}.{key}={getattr(given, key)} is not used: {why}")
 
     def check_common(self) -> None:
         """Before any work, one line for: an unknown env, a bad env option (the env is built once),

@@ -311,7 +311,7 @@ def check_compare_section(section: dict[str, Any], losses: Sequence[str] = ()) -
     cfg = _validate(merge(SPPOConfig().model_dump(), section))
     try:
         cfg.check_oracle()
-        cfg.check_trainer_sections()
+        cfg.check_trainer_sections(in_compare=True)
         for loss in losses:
             cfg.train.check_loss(loss, "train.")
     except TurnRLError as e:

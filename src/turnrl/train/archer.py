@@ -197,9 +197,10 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "actor_kl": ("archer",), "chai_k": ("chai",), "bc_top": ("filtered_bc",), "bc_steps": ("filtered_bc",),
 }
 #: the actor's settings each algorithm reads: CHAI never trains its actor (it only runs it, at
-#: ``actor.mixed_precision``, the accelerator's precision); filtered BC's SFT objective packs without
-#: ``shared_prefix``; the critic's settings only ArCHer and CHAI read
-ACTOR_KEYS_UNREAD = {"chai": frozenset(ActorConfig.model_fields) - {"mixed_precision"},
+#: ``actor.mixed_precision``, the accelerator's precision, loaded in half precision under ``actor.lora``
+#: as every actor is); filtered BC's SFT objective packs without ``shared_prefix``; the critic's settings
+#: only ArCHer and CHAI read
+ACTOR_KEYS_UNREAD = {"chai": frozenset(ActorConfig.model_fields) - {"mixed_precision", "lora"},
                      "filtered_bc": frozenset({"shared_prefix"}), "archer": frozenset()}
 #: the sizes of the phases an algorithm does not have (how many steps, how large a batch or the critic, when
 #: the actor starts, the BC fraction, CHAI's k) and whether the critic reads the system message: accepted
@@ -663,7 +664,8 @@ class OnlineRun:
         for g in gens:
             body = g.token_ids[:-1] if g.finished and g.token_ids and g.token_ids[-1] in stops else g.token_ids
             text = self.tok.decode(body, skip_special_tokens=False)
-            out.append(Message("assistant", text, token_ids=list(g.token_ids), logprobs=list(g.logprobs)))
+            out.append(Message("assistant", text, token_ids=list(g.token_ids), logprobs=list(g.logprobs),
+                               cut=None if g.finished else True))  # as the sampler marks a reply cut short
         return out
 
     def critic_actions(self, batch: Sequence[dict[str, Any]]) -> list[str]:
