@@ -100,9 +100,9 @@ def test_rollout_tokenize_round_trip_is_token_exact(tiny_model, tiny_tokenizer, 
             assert msg.token_ids is not None and msg.logprobs is not None
             assert len(msg.token_ids) == len(msg.logprobs)
             trained = [i for i, ti in zip(enc.input_ids, enc.turn_index, strict=True) if ti == k]
-            finished = msg.token_ids[-1] in chat.stop_token_ids
-            expected = msg.token_ids if finished else msg.token_ids + chat.tokenize_text(chat.eot_text)
-            assert trained == expected
+            # a reply cut at max_new_tokens trains its sampled ids alone: the template's marker after it is context
+            assert msg.cut is (None if msg.token_ids[-1] in chat.stop_token_ids else True)
+            assert trained == msg.token_ids
             start = enc.turn_index.index(k)
             assert tuple(enc.input_ids[:start]) in prompts
             checked += 1
@@ -124,8 +124,7 @@ def test_logprobs_match_a_training_forward(tiny_model, tiny_tokenizer) -> None:
         for m in t.messages:
             if m.role == "assistant":
                 assert m.token_ids is not None and m.logprobs is not None
-                finished = m.token_ids[-1] in chat.stop_token_ids
-                recorded.extend(m.logprobs if finished else m.logprobs + [None] * len(chat.tokenize_text(chat.eot_text)))
+                recorded.extend(m.logprobs)  # a cut reply's marker is context: only sampled tokens are trained
     with torch.no_grad():
         logps = token_logps(tiny_model.eval(), pack(encs)).tolist()  # type: ignore[arg-type]
     # pack() orders kept positions by sequence; recorded is in the same order
