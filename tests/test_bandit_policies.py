@@ -341,7 +341,7 @@ def test_collect_writes_thought_cloning_data(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ucb.jsonl"
     with pytest.raises(SystemExit) as e:
         main(["collect", "--env", "bandit", "--policy", "ucb:c=2", "--out", str(out), "--episodes", "3",
-              "--history", "0", "--env-opt", "arms=3", "--env-opt", "horizon=5"])
+              "--env-opt", "arms=3", "--env-opt", "horizon=5"])
         raise SystemExit(0)
     assert e.value.code in (0, None), capsys.readouterr().err
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -330,3 +330,72 @@ def test_eval_checks_every_split_before_playing_any(tmp_path: Path, capsys, monk
     code, _, err = run(["eval", "--env", "tictactoe", "--policy", "random", "--episodes", "4", "--split", "seen",
                         "--split", "bogus", "--out", str(tmp_path / "r.json")], capsys)
     assert "unknown split 'bogus'" in one_line_error(code, err) and played == []
+
+
+def test_pairs_and_comparisons_refuse_an_input_as_out_and_tau_without_scored(tmp_path: Path, capsys) -> None:
+    """--out equal to an input replaced it (the explored episodes were gone); --tau without --scored was
+    accepted and ignored, a negative one too."""
+    agent, expert = tmp_path / "agent.jsonl", tmp_path / "expert.jsonl"
+    for policy, path in (("random", agent), ("expert", expert)):
+        assert run(["collect", "--env", "tictactoe", "--policy", policy, "--episodes", "3", "--out", str(path)],
+                   capsys)[0] == 0
+    before = agent.read_bytes()
+    for args in (["pairs", "--explored", str(agent), "--expert", str(expert), "--out", str(agent)],
+                 ["comparisons", "--trajectories", str(agent), "--out", str(agent)]):
+        line = one_line_error(*run(args, capsys)[:3:2])
+        assert line.endswith(f"--out {agent}: is the input file {agent} too (it would be replaced); choose another --out")
+    assert agent.read_bytes() == before
+    line = one_line_error(*run(["pairs", "--explored", str(agent), "--expert", str(expert), "--out",
+                                str(tmp_path / "p.jsonl"), "--tau", "-5"], capsys)[:3:2])
+    assert "--tau -5.0: the oracle temperature of --scored samples" in line
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_model_only_options_with_a_scripted_policy_are_refused(tmp_path: Path, capsys) -> None:
+    """collect/eval with expert, random, ucb... ignored --history, --temperature, --max-new-tokens, --engine."""
+    out = tmp_path / "c.jsonl"
+    for extra, named in ((["--history", "0"], "--history"), (["--temperature", "0.3", "--max-new-tokens", "1"],
+                                                             "--temperature, --max-new-tokens")):
+        line = one_line_error(*run(["collect", "--env", "bandit", "--policy", "ucb", "--episodes", "1",
+                                    "--out", str(out), *extra], capsys)[:3:2])
+        assert line.endswith(f"{named}: {'it changes' if ',' not in named else 'they change'} model policies only, "
+                             f"and policy 'ucb' is scripted (it would be ignored); leave {'it' if ',' not in named else 'them'} out")
+    assert not out.exists()
+    line = one_line_error(*run(["eval", "--env", "tictactoe", "--policy", "expert", "--episodes", "1",
+                                "--out", str(tmp_path / "r.json"), "--engine", "hf"], capsys)[:3:2])
+    assert "--engine: it changes model policies only" in line
+
+
+def test_eval_plays_a_split_given_twice_once(tmp_path: Path, capsys) -> None:
+    report, episodes = tmp_path / "r.json", tmp_path / "e.jsonl"
+    assert run(["eval", "--env", "tictactoe", "--policy", "random", "--episodes", "3", "--split", "seen",
+                "--split", "seen", "--out", str(report), "--trajectories", str(episodes)], capsys)[0] == 0
+    assert len(json.loads(report.read_text())["results"]) == 1
+    ids = [t.id for t in read_trajectories(episodes)]
+    assert len(ids) == 3 == len(set(ids))
+
+
+def test_whole_file_outputs_write_through_a_symlink_and_into_a_device(tmp_path: Path) -> None:
+    """A rename over the target replaced a symlink (its target kept the old report) and, as root, a device
+    such as /dev/null with a regular file."""
+    import os
+
+    from turnrl.data.io import write_jsonl
+    from turnrl.train.core import atomic_write_text
+
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old\n")
+    link.symlink_to(real)
+    atomic_write_text(link, "new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert write_jsonl(link, [{"a": 1}]) == 1 and link.is_symlink() and real.read_text() == '{"a": 1}\n'
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader keeps the FIFO open for writing
+    try:
+        atomic_write_text(fifo, "through\n")
+        assert write_jsonl(fifo, [{"b": 2}, {"c": 3}]) == 2
+        assert os.read(reader, 1000) == b'through\n{"b": 2}\n{"c": 3}\n'
+    finally:
+        os.close(reader)
+    assert not fifo.is_file()  # still the FIFO, not a file put in its place

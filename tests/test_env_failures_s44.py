@@ -231,3 +231,20 @@ def test_option_values_of_the_wrong_type_are_one_line_errors_naming_the_option(b
     with pytest.raises(TurnRLError) as e:
         build()
     assert str(e.value) == needle
+
+
+def test_a_worker_leaves_ctrl_c_to_its_parent() -> None:
+    """Ctrl-C in a terminal reaches the whole process group: each worker printed a KeyboardInterrupt
+    traceback and died; the parent, which shuts the workers down, prints one line."""
+    import signal
+    import time
+
+    env = ProcessEnv("tictactoe", timeout=20, start_method="spawn")
+    try:
+        env.reset(options={"task_id": "ttt-s0"})
+        os.kill(env.worker_pid or 0, signal.SIGINT)
+        time.sleep(0.5)
+        obs, _, _, _, info = env.step("4")  # the worker is still serving
+        assert info.get("outcome") != "env_error" and "Board" in obs
+    finally:
+        env.close()

@@ -24,6 +24,9 @@ def test_usage_errors_are_one_line(tmp_path: Path, capsys) -> None:
         assert code == 2 and flag in line and "turnrl eval --help" in line, line
     code, _, err = run(["collect", "--env", "bandit", "--out", str(tmp_path / "x.jsonl")], capsys)
     assert "--policy" in one_line_error(code, err)
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--out", str(tmp_path / "dg"), "--num-envs", "0"],
+                       capsys)  # was accepted (and clamped to 1)
+    assert "--num-envs" in one_line_error(code, err) and not (tmp_path / "dg").exists()
     code, _, err = run(base + ["--temperature", "inf"], capsys)  # in range for click, not a finite number
     assert "'temperature': must be a finite number >= 0 (got inf)" in one_line_error(code, err)
     code, out_text, err = run(["train"], capsys)  # a group without a command: its help, no error line

@@ -160,6 +160,20 @@ def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | N
                        engine_opts={"seed": seed} if engine == "vllm" else None)
 
 
+def _check_scripted(ctx: typer.Context, policy: Any, spec: str) -> None:
+    """One line for a model-only option given on the command line with a scripted policy
+    (``expert``, ``random``, ``ucb``...), which would ignore it."""
+    if hasattr(policy, "engine"):
+        return
+    sources = {name: ctx.get_parameter_source(name) for name in ("temperature", "max_new_tokens", "history", "engine")}
+    given = [f"--{name.replace('_', '-')}" for name, source in sources.items()
+             if source is not None and source.name == "COMMANDLINE"]
+    if given:
+        one = len(given) == 1
+        raise TurnRLError(f"{', '.join(given)}: {'it changes' if one else 'they change'} model policies only, and "
+                          f"policy '{spec}' is scripted (it would be ignored); leave {'it' if one else 'them'} out")
+
+
 def _sampling_seeded(policy: Any, seed: int) -> Any:
     """Around a model policy's episodes: torch seeded with ``seed`` (restored after), so that a run
     with the same ``--seed`` samples the same replies; a scripted policy needs nothing."""
@@ -181,6 +195,7 @@ WorkerBackendOpt = Annotated[str, typer.Option(
 
 @app.command()
 def collect(
+    ctx: typer.Context,
     env: Annotated[str, typer.Option(help="Env name.")],
     policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
     out: Annotated[Path, typer.Option(help="Output JSONL (appended; a rerun resumes).", callback=out_file)],
@@ -207,6 +222,7 @@ def collect(
     check_workers(workers, worker_backend)
     prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
+    _check_scripted(ctx, pol, policy)
     with progress_bar(f"collect {env}/{split}", episodes) as advance, _sampling_seeded(pol, seed):
         trajs = run_policy(pol, env, split=split, episodes=episodes, env_opts=_env_opts(env_opt),
                            num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers,
@@ -218,11 +234,12 @@ def collect(
 
 @app.command("eval")
 def eval_cmd(
+    ctx: typer.Context,
     env: Annotated[str, typer.Option(help="Env name.")],
     policy: Annotated[str, typer.Option("--policy", "--model",
                                         help="expert, random, or a model directory / hub id / tiny.")],
     out: Annotated[Path, typer.Option(help="Report JSON.", callback=out_file)],
-    split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable).")] = None,
+    split: Annotated[list[str] | None, typer.Option(help="Split(s) to evaluate (repeatable; default: seen).")] = None,
     episodes: Episodes = 100,
     num_envs: NumEnvs = 32,
     seed: Seed = 0,
@@ -250,15 +267,17 @@ def eval_cmd(
     if trajectories is not None and trajectories.resolve() == out.resolve():
         raise TurnRLError(f"--trajectories {trajectories}: is the --out report too (the report would replace it)")
     prompt = _prompt(instruction, invalid_action, invalid_penalty, history)
+    splits = list(dict.fromkeys(split or ["seen"]))  # a split given twice is played once
     probe = envs.make(env, **_env_opts(env_opt))  # every split checked before any is played
     try:
-        for s in split or ["seen"]:
+        for s in splits:
             probe.task_ids(s)
     finally:
         probe.close()
     pol = _policy(policy, temperature, max_new_tokens, history, engine, seed)
+    _check_scripted(ctx, pol, policy)
     results, all_trajs = [], []
-    for s in split or ["seen"]:
+    for s in splits:
         with progress_bar(f"eval {env}/{s}", episodes) as advance, _sampling_seeded(pol, seed):
             rec, trajs = evaluate(pol, env, split=s, episodes=episodes, env_opts=_env_opts(env_opt),
                                   num_envs=num_envs, seed=seed, progress=advance, policy_label=policy,
@@ -341,7 +360,7 @@ def pairs(
     losers: Annotated[str, typer.Option(help="clean (drop degenerate losers) or noisy (keep them).")] = "noisy",
     truncate_k: Annotated[int | None, typer.Option(min=0, help="Cut losers to the winner's turns + K.")] = None,
     scored: Annotated[bool, typer.Option(help="Write SPPO scored samples instead of pairs.")] = False,
-    tau: Annotated[float, typer.Option(help="Reward-oracle temperature for --scored.")] = 1.0,
+    tau: Annotated[float | None, typer.Option(help="Reward-oracle temperature for --scored (default 1).")] = None,
 ) -> None:
     """Build preference pairs (ETO, step-wise, takeover, self-play) or SPPO scored samples."""
     from turnrl.data import pairs as P
@@ -361,6 +380,12 @@ def pairs(
         if given:
             raise TurnRLError(f"{given[0]}: builds pairs, and --scored writes SPPO scored samples of --explored "
                               "instead (it would be ignored); drop one of them")
+    if tau is not None and not scored:
+        raise TurnRLError(f"--tau {tau}: the oracle temperature of --scored samples; pairs have none (it would be "
+                          "ignored)")
+    for f in [*explored, *(expert or []), *(takeovers or [])]:
+        if f.resolve() == out.resolve():
+            raise TurnRLError(f"--out {out}: is the input file {f} too (it would be replaced); choose another --out")
     if takeovers and mode != "takeover":
         raise TurnRLError(f"--takeovers is for --mode takeover (got --mode {mode})")
     if truncate_k is not None and mode not in ("trajectory", "mixed"):
@@ -369,6 +394,7 @@ def pairs(
     stats: dict[str, int] = {}
     records: list[Any]
     if scored:
+        tau = 1.0 if tau is None else tau
         if not tau > 0:
             raise TurnRLError(f"--tau must be > 0 (got {tau})")
         records = P.scored_samples(explored_trajs, tau=tau)
@@ -399,10 +425,10 @@ def pairs(
 @app.command()
 def quickstart(
     out: Annotated[Path, typer.Option(help="Output directory.", callback=out_dir)] = Path("runs/quickstart"),
-    fast: Annotated[bool, typer.Option(help="A smaller run (about a third of the time).")] = False,
+    fast: Annotated[bool, typer.Option(help="A smaller run (400 demos, 100 evaluation games per split).")] = False,
     resume: Annotated[bool, typer.Option(help="Reuse finished stages in --out.")] = True,
 ) -> None:
-    """Tiny model -> expert demos -> SFT -> evaluation table, report and plots."""
+    """Tiny model -> expert demos -> SFT -> one DMPO iteration -> evaluation table, report and plots."""
     from turnrl.quickstart import run_quickstart
 
     run_quickstart(out, fast=fast, resume=resume, console=console)

@@ -37,7 +37,7 @@ def diagnose_bandit(
     runs: Annotated[int | None, typer.Option(help="Episodes per instance (default: 8 scripted, 1 model).")] = None,
     split: str = "seen",
     seed: Seed = 0,
-    num_envs: Annotated[int, typer.Option(help="Environments stepped in lock-step (models).")] = 32,
+    num_envs: Annotated[int, typer.Option(min=1, help="Environments stepped in lock-step (models).")] = 32,
     temperature: Annotated[float, typer.Option(min=0.0, help="Model sampling temperature; 0 = greedy.")] = 0.0,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 192,
     aid: Annotated[list[str] | None, typer.Option(

@@ -36,6 +36,7 @@ from turnrl.errors import TurnRLError, did_you_mean, unknown
 __all__ = [
     "SCHEMAS",
     "JsonlWriter",
+    "output_target",
     "iter_jsonl",
     "iter_pairs",
     "iter_records",
@@ -621,6 +622,14 @@ class JsonlWriter:
         self.close()
 
 
+def output_target(path: PathLike) -> tuple[Path, bool]:
+    """Where a whole-file write to ``path`` lands, and whether it must go straight in: a symlink's
+    target (renaming a new file over the link would leave its target stale), and True for a
+    special file (a device such as ``/dev/null``, a FIFO), which a rename would replace."""
+    real = Path(os.path.realpath(path))
+    return real, real.exists() and not real.is_file() and not real.is_dir()
+
+
 def write_jsonl(path: PathLike, records: Iterable[Any], *, durable: bool = True) -> int:
     """Write a whole JSONL file atomically and return how many records it holds.
 
@@ -629,7 +638,14 @@ def write_jsonl(path: PathLike, records: Iterable[Any], *, durable: bool = True)
     is left as it was. For derived outputs (pairs, filtered sets), so that nothing
     half-written ever looks complete. Records are dicts or objects with ``to_dict()``.
     """
-    target = Path(path)
+    target, special = output_target(path)
+    if special:  # nothing to make atomic: written through
+        written = 0
+        with open(target, "wb") as f:
+            for record in records:
+                f.write(_encode(record, Path(path)))
+                written += 1
+        return written
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     count = 0

@@ -38,6 +38,7 @@ import itertools
 import multiprocessing as mp
 import os
 import random
+import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -142,7 +143,9 @@ class _Host:
 
 def _serve(conn: Connection, env_name: str | None, env_opts: dict[str, Any],
            factory: Callable[..., TextEnv] | None) -> None:  # pragma: no cover - runs in the worker
-    """Host envs in a worker process; messages are ``(key, op, args)``."""
+    """Host envs in a worker process; messages are ``(key, op, args)``. Ctrl-C in a terminal reaches
+    the whole process group: the worker leaves it to the parent, which shuts it down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     host = _Host(env_name, env_opts, factory)
     started = host.start()
     conn.send(started)

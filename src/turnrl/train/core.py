@@ -234,8 +234,15 @@ def set_seed(seed: int) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``): a reader
-    sees the old file or the whole new one, never a half-written one."""
-    path = Path(path)
+    sees the old file or the whole new one, never a half-written one. A symlink's target is
+    written, and a device or FIFO (``/dev/stdout``) straight, not replaced (:func:`~turnrl.data.io.output_target`)."""
+    from turnrl.data.io import output_target
+
+    path, special = output_target(path)
+    if special:
+        with open(path, "w") as f:
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
