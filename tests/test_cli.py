@@ -343,7 +343,7 @@ def test_pairs_and_comparisons_refuse_an_input_as_out_and_tau_without_scored(tmp
     for args in (["pairs", "--explored", str(agent), "--expert", str(expert), "--out", str(agent)],
                  ["comparisons", "--trajectories", str(agent), "--out", str(agent)]):
         line = one_line_error(*run(args, capsys)[:3:2])
-        assert line.endswith(f"--out {agent}: is the input file {agent} too (it would be replaced); choose another --out")
+        assert line.endswith(f"--out {agent}: is the input file {agent} (it would be replaced); choose another --out")
     assert agent.read_bytes() == before
     line = one_line_error(*run(["pairs", "--explored", str(agent), "--expert", str(expert), "--out",
                                 str(tmp_path / "p.jsonl"), "--tau", "-5"], capsys)[:3:2])

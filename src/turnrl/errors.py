@@ -49,6 +49,13 @@ def check_output(path: str | Path, what: str, *, directory: bool = False) -> Non
             break
 
 
+def check_not_input(out: str | Path, inputs: Iterable[str | Path], why: str = "it would be replaced") -> None:
+    """Fail before any work when the output file ``out`` is one of the ``inputs`` (after links)."""
+    for f in inputs:
+        if Path(f).resolve() == Path(out).resolve():
+            raise TurnRLError(f"--out {out}: is the input file {f} ({why}); choose another --out")
+
+
 def run_script(main: Callable[[list[str]], object], usage: str, argv: list[str] | None = None) -> None:
     """Run a script's ``main(args)`` (the ``docs/`` and ``scripts/`` helpers): a :class:`TurnRLError`
     is one line naming the script, a bad argument (``ValueError``) the same with ``usage``; both exit 1."""

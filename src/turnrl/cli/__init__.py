@@ -21,7 +21,7 @@ from turnrl.cli.options import Seed, out_dir, out_file
 from turnrl.cli.output import console, err_console
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
-from turnrl.errors import TurnRLError
+from turnrl.errors import TurnRLError, check_not_input
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Train LLM agents on multi-turn tasks with preference optimization and RL.")
@@ -129,9 +129,7 @@ def data_import_eto(
 
     if default_reward is not None and not math.isfinite(default_reward):
         raise TurnRLError(f"--default-reward must be a finite number (got {default_reward})")
-    if out.resolve() == path.resolve():
-        raise TurnRLError(f"--out {out}: is the input file {path} (converting would replace the ETO data); "
-                          "choose another --out")
+    check_not_input(out, [path], "converting would replace the ETO data")
     n = convert_eto(path, out, env=env, default_reward=default_reward)
     console.print(f"wrote {n} trajectories to {out}")
 
@@ -383,9 +381,7 @@ def pairs(
     if tau is not None and not scored:
         raise TurnRLError(f"--tau {tau}: the oracle temperature of --scored samples; pairs have none (it would be "
                           "ignored)")
-    for f in [*explored, *(expert or []), *(takeovers or [])]:
-        if f.resolve() == out.resolve():
-            raise TurnRLError(f"--out {out}: is the input file {f} too (it would be replaced); choose another --out")
+    check_not_input(out, [*explored, *(expert or []), *(takeovers or [])])
     if takeovers and mode != "takeover":
         raise TurnRLError(f"--takeovers is for --mode takeover (got --mode {mode})")
     if truncate_k is not None and mode not in ("trajectory", "mixed"):

@@ -40,12 +40,10 @@ def comparisons(
     """Labelled comparisons (for `turnrl train preference-model`) between trajectories of the same task,
     labelled by the env-reward oracle."""
     from turnrl.data.io import read_trajectories
-    from turnrl.errors import TurnRLError
+    from turnrl.errors import TurnRLError, check_not_input
     from turnrl.oracles import EnvRewardOracle, comparisons_from_trajectories, write_comparisons
 
-    for f in trajectories:
-        if f.resolve() == out.resolve():
-            raise TurnRLError(f"--out {out}: is the input file {f} too (it would be replaced); choose another --out")
+    check_not_input(out, trajectories)
     trajs = [t for f in trajectories for t in read_trajectories(f)]
     comps = comparisons_from_trajectories(trajs, oracle=EnvRewardOracle(tau), hard=not soft,
                                           pairs_per_task=pairs_per_task, skip_ties=skip_ties, seed=seed)
