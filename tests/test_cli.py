@@ -284,6 +284,10 @@ def test_import_eto_refuses_a_non_finite_reward_and_its_own_input_as_out(tmp_pat
     code, _, err = run(["data", "import-eto", "eto.json", "--out", str(src)], capsys)  # another spelling of it
     assert "is the input file" in one_line_error(code, err)
     assert src.read_bytes() == data and not out.exists()
+    (tmp_path / "hard.json").hardlink_to(src)  # the same file under another name
+    code, _, err = run(["data", "import-eto", "eto.json", "--out", str(tmp_path / "hard.json")], capsys)
+    assert "is the input file" in one_line_error(code, err)
+    assert src.read_bytes() == data
     code, stdout, _ = run(["data", "import-eto", "eto.json", "--out", str(out), "--default-reward", "1"], capsys)
     assert code == 0 and "wrote 1 trajectories" in stdout
 

@@ -245,3 +245,14 @@ def test_archer_actor_samples_cut_at_max_new_tokens_train_no_end_of_turn_marker(
     enc = run.chat.encode([*view, hat], trainable_turns=[0])  # as the actor phase encodes it
     assert enc is not None
     assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == hat.token_ids
+
+
+def test_ppo_refuses_an_eval_split_with_evaluation_off() -> None:
+    """``eval_split`` is read only by the evaluation (``eval_every`` and ``eval_episodes``); with it off the
+    setting was accepted and changed nothing."""
+    from turnrl.train.ppo import _check
+
+    with pytest.raises(TurnRLError, match=r"eval_split=unseen: evaluation is off"):
+        _check(_ppo_cfg(eval_split="unseen"), "bandit")
+    _check(_ppo_cfg(eval_split="unseen", eval_every=2, eval_episodes=2), "bandit")
+    _check(_ppo_cfg(), "bandit")

@@ -8,6 +8,7 @@ The command line prints that line and exits non-zero; it never dumps a traceback
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,10 +51,18 @@ def check_output(path: str | Path, what: str, *, directory: bool = False) -> Non
 
 
 def check_not_input(out: str | Path, inputs: Iterable[str | Path], why: str = "it would be replaced") -> None:
-    """Fail before any work when the output file ``out`` is one of the ``inputs`` (after links)."""
+    """Fail before any work when the output file ``out`` is one of the ``inputs`` (after symbolic
+    links, and a hard link to an input: the same file under another name)."""
     for f in inputs:
-        if Path(f).resolve() == Path(out).resolve():
+        if Path(f).resolve() == Path(out).resolve() or _same_file(f, out):
             raise TurnRLError(f"--out {out}: is the input file {f} ({why}); choose another --out")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing (an output not written yet) or unreadable
+        return False
 
 
 def run_script(main: Callable[[list[str]], object], usage: str, argv: list[str] | None = None) -> None:
