@@ -315,3 +315,59 @@ def test_knowing_doing_does_not_credit_random_stand_ins_for_invalid_replies() ->
     kd = knowing_doing(pr, c=1.0)
     assert kd["steps"] == 24
     assert kd["actions_pct"] == {"optimal": 0.0, "greedy": 0.0, "other": 100.0}
+
+
+class _Chat:
+    """The two things :func:`_ended` reads of a chat format."""
+
+    def __init__(self, eot_text: str, stop_token_ids: list[int]) -> None:
+        self.eot_text, self.stop_token_ids = eot_text, stop_token_ids
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return {"<eot>": [99], "\n<eot>": [10, 99]}[text]
+
+
+def test_frequency_bias_ends_labels_that_begin_other_labels() -> None:
+    """With digits tokenized one by one, ``ACTION=1`` ([1]) begins ``ACTION=13`` ([1, 3]): scored alone, it
+    took the probability of every reply beginning with it. Each label then ends with the end of turn."""
+    from turnrl.diagnostics.bandit import _ended
+    from turnrl.errors import TurnRLError
+
+    conts, labels = [[7, 1], [7, 1, 3], [7, 2]], ["1", "13", "2"]
+    assert _ended(conts, labels, _Chat("<eot>", [99, 0])) == [[7, 1, 99], [7, 1, 3, 99], [7, 2, 99]]
+    assert _ended(conts, labels, _Chat("\n<eot>", [99])) == [[7, 1, 10, 99], [7, 1, 3, 10, 99], [7, 2, 10, 99]]
+    assert _ended(conts, labels, _Chat("", [0])) == [[7, 1, 0], [7, 1, 3, 0], [7, 2, 0]]  # the EOS, no marker
+    assert _ended([[7, 1], [7, 3]], ["1", "3"], _Chat("<eot>", [99])) == [[7, 1], [7, 3]]  # no prefix: unchanged
+    with pytest.raises(TurnRLError, match="'1' tokenizes as the start of '13'"):
+        _ended(conts, labels, _Chat("", []))
+
+
+def test_one_instance_claims_no_separation_and_one_model_keeps_its_band() -> None:
+    """A CI of one instance is a point: two such points never overlap, which is no evidence. And a row of
+    one model in the greedy study keeps its CI across instances instead of a band of zero width."""
+    from turnrl.diagnostics.bandit import _comparisons
+    from turnrl.greedy_study import _mean_curve
+
+    recs = [{"policy": p, "regret": {"final": f, "final_ci95": [f, f]}} for p, f in (("ucb", 6.5), ("random", 10.0))]
+    assert _comparisons(recs, 1)[0]["ci_overlap"] is None
+    assert _comparisons(recs, 2)[0]["ci_overlap"] is False
+    one = {"mean": [1.0, 2.0], "lo": [0.5, 1.0], "hi": [1.5, 3.0]}
+    assert _mean_curve([one]) == one
+    two = _mean_curve([one, {"mean": [3.0, 2.0], "lo": [0, 0], "hi": [9, 9]}])
+    assert two["mean"] == [2.0, 2.0] and two["lo"][1] == two["hi"][1] == 2.0 and two["lo"][0] < 2.0 < two["hi"][0]
+
+
+def test_scripted_policies_take_the_envs_ucb_constant(tmp_path: Path) -> None:
+    """With ``ucb_c=2`` the env's knowing-doing truth is UCB with c = 2; a scripted ``ucb`` row acted on
+    c = 1 and was scored 43% correct. It now takes the env's constant unless its spec gives one."""
+    from turnrl.diagnostics.bandit import with_env_c
+
+    assert with_env_c("ucb", 2.0) == "ucb:c=2.0"
+    assert with_env_c("egreedy:eps=0.1", 2.0) == "egreedy:eps=0.1,c=2.0"
+    assert with_env_c("ucb:c=3", 2.0) == "ucb:c=3"
+    cfg = DiagnoseConfig(env="bandit", env_opts={"arms": 3, "horizon": 8, "ucb_c": 2.0}, instances=4, runs=2)
+    data = diagnose(["ucb", "ucb:c=1"], tmp_path, cfg)
+    kd = {r["policy"]: r["knowing_doing"] for r in data["policies"]}
+    assert set(kd) == {"ucb:c=2", "ucb"}  # canonical specs: c = 1 is the algorithm's default
+    assert kd["ucb:c=2"]["actions_pct"]["optimal"] == 100.0
+    assert kd["ucb"]["actions_pct"]["optimal"] < 100.0

@@ -566,14 +566,15 @@ def paired_vs_start(per_instance: dict[str, list[list[float]]], start: str = "gr
 
 
 def _mean_curve(curves: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of per-seed curves with a 95% CI across seeds; one curve (a row of one model) keeps
+    its own CI, across instances."""
+    if len(curves) == 1:
+        return {k: list(curves[0][k]) for k in ("mean", "lo", "hi")}
     means = np.array([c["mean"] for c in curves])
     m = means.mean(axis=0)
-    if len(curves) > 1:
-        from turnrl.stats import t975
+    from turnrl.stats import t975
 
-        half = t975(len(curves) - 1) * means.std(axis=0, ddof=1) / math.sqrt(len(curves))
-    else:
-        half = np.zeros_like(m)
+    half = t975(len(curves) - 1) * means.std(axis=0, ddof=1) / math.sqrt(len(curves))
     return {"mean": m.round(4).tolist(), "lo": (m - half).round(4).tolist(), "hi": (m + half).round(4).tolist()}
 
 

@@ -429,6 +429,7 @@ class ModelScorer:
             conts = [self.chat.tokenize_text(lab + rest) for lab in labels]
         else:
             conts = [self.chat.tokenize_text(self.template.replace("{action}", lab)) for lab in labels]
+        conts = _ended(conts, labels, self.chat)
         width = max(len(c) for c in conts)
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         device = next(self.model.parameters()).device
@@ -460,6 +461,33 @@ class ModelScorer:
             if was_training:
                 self.model.train()
         return np.array(out)
+
+
+def with_env_c(spec: str, ucb_c: float) -> str:
+    """A scripted policy's spec with the env's UCB constant where the spec gives none: the
+    knowing-doing table scores stated UCB values against the env's ``ucb_c``, so a ``ucb`` row
+    with its own default would act on (and state) other values than the ones it is scored on."""
+    head, _, rest = spec.partition(":")
+    if any(p.partition("=")[0].strip() == "c" for p in rest.split(",")):
+        return spec
+    return f"{head}:{rest.strip() + ',' if rest.strip() else ''}c={ucb_c!r}"
+
+
+def _ended(conts: list[list[int]], labels: Sequence[str], chat: Any) -> list[list[int]]:
+    """The labels' continuations, each followed by the end of the agent's turn when one is a token
+    prefix of another: with digits tokenized one by one, ``ACTION=1`` begins ``ACTION=13``, so its
+    probability would be that of every reply beginning with it. Unchanged otherwise (a reply is then
+    one label or another from its last token on)."""
+    prefixed = [(a, b) for i, a in enumerate(conts) for j, b in enumerate(conts) if i != j and b[: len(a)] == a]
+    if not prefixed:
+        return conts
+    end = chat.tokenize_text(chat.eot_text) if chat.eot_text.strip() else list(chat.stop_token_ids[:1])
+    if not end:
+        a, b = prefixed[0]
+        raise TurnRLError(f"frequency bias: label {labels[conts.index(a)]!r} tokenizes as the start of "
+                          f"{labels[conts.index(b)]!r}, and the chat template has no end-of-turn token to tell "
+                          "them apart")
+    return [c + end for c in conts]
 
 
 # ---------------------------------------------------------------------------------------
@@ -554,6 +582,7 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
         say(f"{spec}: {'simulating' if scripted else 'playing'} {cfg.instances} instances")
         fb_scorer: Callable[[Sequence[FBContext]], np.ndarray] | None = None
         if scripted:
+            spec = with_env_c(spec, env.ucb_c)
             algo = make_algorithm(spec)
             pr = scripted_run(algo, env, task_ids, runs=cfg.runs or 8, seed=cfg.seed)
             fb_scorer = scripted_scorer(make_algorithm(spec), env)
@@ -607,7 +636,7 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
         "seed": cfg.seed,
         "aids": cfg.aids,
         "policies": records,
-        "comparisons": _comparisons(records),
+        "comparisons": _comparisons(records, cfg.instances),
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -631,8 +660,9 @@ def _title(env: Any, cfg: DiagnoseConfig) -> str:
     return f"{what}, {cfg.instances} instances"
 
 
-def _comparisons(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pairs of policies: final regret, whether their 95% CIs overlap."""
+def _comparisons(records: Sequence[dict[str, Any]], instances: int) -> list[dict[str, Any]]:
+    """Pairs of policies: final regret, whether their 95% CIs overlap (``None`` with one instance,
+    where a CI is a point and says nothing)."""
     out = []
     for i, a in enumerate(records):
         for b in records[i + 1 :]:
@@ -640,7 +670,7 @@ def _comparisons(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             lo_a, hi_a = ra["final_ci95"]
             lo_b, hi_b = rb["final_ci95"]
             out.append({"a": a["policy"], "b": b["policy"], "a_final": ra["final"], "b_final": rb["final"],
-                        "ci_overlap": not (hi_a < lo_b or hi_b < lo_a)})
+                        "ci_overlap": not (hi_a < lo_b or hi_b < lo_a) if instances > 1 else None})
     return out
 
 

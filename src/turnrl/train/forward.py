@@ -31,6 +31,12 @@ registered with ``transformers.AttentionInterface`` for the duration of the forw
 each prefix is one causal attention call (the kernel skips the upper triangle), each suffix
 one call of its queries against ``[prefix | suffix]`` keys; padding is never attended. The result is the same up to float rounding (a test checks
 it against the 4-D mask and against separate sequences).
+
+Sliding attention windows (Mistral, Gemma-2/3's local layers, Qwen2 with ``use_sliding_window``):
+a token attends to the ``w`` latest positions of its own sequence, itself included. Both paths
+keep that band: :func:`segment_attention` reads the window each layer passes, and the 4-D mask
+is banded by ``position_ids`` (one mask per layer type where full and windowed layers mix), so a
+sequence longer than the window gets the log-probs of its separate forward pass there too.
 """
 
 from __future__ import annotations
@@ -220,9 +226,36 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
     )
 
 
-def _model_mask(model: Any, mask: torch.Tensor, device: Any) -> torch.Tensor:
-    """The 4-D mask in the form the model's attention implementation takes."""
-    impl = getattr(_config(model), "_attn_implementation", "sdpa") or "sdpa"  # DDP/PEFT wrappers looked through
+def _band(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """``[..., Q, K]`` bool: causal by position, and within ``window`` positions (``None``: no window),
+    as transformers' sliding window: a query at ``i`` sees keys at ``i - window < j <= i``."""
+    diff = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)
+    allowed = diff >= 0
+    return allowed & (diff < window) if window is not None else allowed
+
+
+def sliding_window(config: Any) -> tuple[int | None, bool]:
+    """The attention window of a model's windowed layers and whether full-attention layers are
+    mixed with them: ``(None, False)`` without windowed layers. Every layer is windowed when
+    ``sliding_window`` is set and there are no ``layer_types`` (Mistral); Qwen2 clears it
+    without ``use_sliding_window``."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None, False
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return window, False
+    if "sliding_attention" not in types:
+        return None, False
+    return window, any(t != "sliding_attention" for t in types)
+
+
+def _model_mask(model: Any, batch: PackedBatch, device: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The batch's 4-D mask in the form the model's attention implementation takes: banded by
+    position for windowed layers, a ``{layer type: mask}`` dict where full and windowed layers mix."""
+    assert batch.attention_mask is not None
+    config = _config(model)
+    impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"  # DDP/PEFT wrappers looked through
     if "flash" in impl:
         from turnrl.errors import TurnRLError
 
@@ -230,11 +263,22 @@ def _model_mask(model: Any, mask: torch.Tensor, device: Any) -> torch.Tensor:
             f"attention implementation {impl!r} takes no 4-D mask; set shared_prefix=false to pack without "
             "shared prefixes"
         )
-    mask = mask.to(device)
-    if impl == "eager":
-        dtype = next(model.parameters()).dtype
-        return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
-    return mask
+    dtype = next(model.parameters()).dtype
+
+    def form(mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.to(device)
+        if impl == "eager":
+            return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
+        return mask
+
+    window, mixed = sliding_window(config)
+    pos = batch.position_ids
+    if window is None or pos.numel() == 0 or int(pos.max()) < window:  # no sequence is longer than the window
+        return form(batch.attention_mask)
+    banded = batch.attention_mask & (_band(pos, pos, window) | torch.eye(pos.shape[1], dtype=torch.bool)).unsqueeze(1)
+    if mixed:
+        return {"full_attention": form(batch.attention_mask), "sliding_attention": form(banded)}
+    return form(banded)
 
 
 _SEGMENT_ATTENTION = "turnrl_segments"
@@ -268,6 +312,9 @@ def segment_attention(
                                       **kwargs)
     layout, masks = active
     width = query.shape[2]
+    window = kwargs.get("sliding_window")  # this layer's window (None: full attention)
+    if not isinstance(window, int) or window <= 0:
+        window = None
     rows = []
     # Pieces are taken with one unbind and one split per row, not by slicing: the backward of a
     # slice writes into a zero gradient the size of the whole tensor, once per slice.
@@ -286,19 +333,20 @@ def segment_attention(
         at = 0
         for _, p, suffixes in units:
             pk, pv = k_parts[at][None], v_parts[at][None]
-            if p:
+            if p and (window is None or p <= window):  # the window does not bind: the kernel's own causal mask
                 out, _ = sdpa_attention_forward(module, q_parts[at][None], pk, pv, None, dropout=dropout,
                                                 scaling=scaling, is_causal=True)
+                pieces.append(out)
+            elif p:
+                out, _ = sdpa_attention_forward(module, q_parts[at][None], pk, pv,
+                                                _segment_mask(masks, 0, p, 0, window, query.device),
+                                                dropout=dropout, scaling=scaling)
                 pieces.append(out)
             for _, n in suffixes:
                 at += 1
                 k = torch.cat([pk, k_parts[at][None]], dim=2)
                 v = torch.cat([pv, v_parts[at][None]], dim=2)
-                mask = masks.get((p, n))
-                if mask is None:
-                    mask = torch.ones(n, p + n, dtype=torch.bool, device=query.device)
-                    mask[:, p:] = torch.tril(mask[:, p:])
-                    mask = masks.setdefault((p, n), mask[None, None])
+                mask = _segment_mask(masks, p, n, p, window, query.device)
                 out, _ = sdpa_attention_forward(module, q_parts[at][None], k, v, mask, dropout=dropout,
                                                 scaling=scaling)
                 pieces.append(out)
@@ -307,6 +355,21 @@ def segment_attention(
             pieces.append(query.new_zeros(1, width - used, query.shape[1], value.shape[-1]))
         rows.append(torch.cat(pieces, dim=1))
     return torch.cat(rows, dim=0), None
+
+
+def _segment_mask(masks: dict[Any, torch.Tensor], q0: int, nq: int, prefix_len: int, window: int | None,
+                  device: Any) -> torch.Tensor:
+    """``[1, 1, nq, prefix_len + nq]``: the ``nq`` queries of a segment at positions ``q0 ..`` against
+    the keys of a prefix of ``prefix_len`` tokens and of their own segment (a suffix continues the
+    prefix's positions; a prefix has ``prefix_len`` 0), causal and within ``window``; cached per shape
+    for the forward pass."""
+    key = (q0, nq, prefix_len, window)
+    mask = masks.get(key)
+    if mask is None:
+        q_pos = torch.arange(q0, q0 + nq, device=device)
+        k_pos = torch.arange(prefix_len + nq, device=device) if prefix_len else q_pos
+        mask = masks.setdefault(key, _band(q_pos, k_pos, window)[None, None])
+    return mask
 
 
 def _config(model: Any) -> Any:
@@ -355,7 +418,7 @@ def forward_packed(model: Any, batch: PackedBatch, **kwargs: Any) -> Any:
     attention takes and, under ``sdpa``, runs :func:`segment_attention`."""
     device = next(model.parameters()).device
     if batch.attention_mask is not None:
-        kwargs["attention_mask"] = _model_mask(model, batch.attention_mask, device)
+        kwargs["attention_mask"] = _model_mask(model, batch, device)
     with _segments_active(model, batch):
         return model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
                      use_cache=False, **kwargs)
