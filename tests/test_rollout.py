@@ -75,9 +75,17 @@ def test_engine_ignores_the_models_own_generation_settings(tiny_model, tiny_toke
         tiny_model.generation_config.repetition_penalty = 5.0
         tiny_model.generation_config.no_repeat_ngram_size = 1
         again = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling)
+        # a forced end of turn at the last step made a cut reply look finished; a sequence bias and a
+        # minimum length reshaped the scores greedy and sampled decoding read
+        tiny_model.generation_config = copy.deepcopy(saved)
+        tiny_model.generation_config.forced_eos_token_id = chat.stop_token_ids[0]
+        tiny_model.generation_config.min_length = 10_000
+        tiny_model.generation_config.sequence_bias = {(plain[0].token_ids[0],): -100.0}
+        forced = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling)
     finally:
         tiny_model.generation_config = saved
     assert [g.token_ids for g in again] == [g.token_ids for g in plain]
+    assert [(g.token_ids, g.finished) for g in forced] == [(g.token_ids, g.finished) for g in plain]
 
 
 
@@ -616,7 +624,12 @@ def test_an_action_in_backticks_before_a_period_is_read() -> None:
 
 @pytest.mark.parametrize(("reply", "action"), [("Action: go to \"desk 1\".", 'go to "desk 1"'),
                                                 ("Action: Is it called \"Big Ben\".", 'Is it called "Big Ben"'),
-                                                ("Action: \"4\".", "4")])
+                                                ("Action: \"4\".", "4"),
+                                                # without the period the closing quote was dropped
+                                                ("Action: go to \"desk 1\"", 'go to "desk 1"'),
+                                                ("Action: Is it called \"Big Ben\"", 'Is it called "Big Ben"'),
+                                                ("Action: say 'hi'", "say 'hi'"),
+                                                ("Action: \"4\"", "4"), ("Action: '4", "4"), ("Action: 4`.", "4")])
 def test_quotes_inside_an_action_stay(reply: str, action: str) -> None:
     assert parse_action(reply).action == action
 

@@ -2,8 +2,8 @@
 
 Replies follow ReAct, ``Thought: ...`` then ``Action: ...``; the RLFT format
 ``ACTION=X`` (seed 004) is read too. The parser takes the **last** action written that is
-valid: a model that corrects itself ("Action: 9 ... no, Action: 4") acts on its last
-valid choice. Where the env cannot enumerate its actions, the last action written is taken.
+valid: a model that corrects itself ("Action: 9", then on a later line "Action: 4") acts on
+its last valid choice (each ``Action:`` starts its own line). Where the env cannot enumerate its actions, the last action written is taken.
 ``Action:`` takes the rest of its line. ``ACTION=`` takes one word (or ``word[...]``) where
 the env lists its actions, so "ACTION=blue, the best so far" acts on blue, and the rest of the
 line where it lists none (free-text commands: "ACTION=go to shelf 1").
@@ -35,13 +35,18 @@ class ParsedAction:
 
 def _bare(raw: str) -> str:
     """An action as written, less quotes around it and a sentence's period: ``4``, ```4```, ``"4".``
-    and ```4`.`` are ``4``; quotes inside it stay (``go to "desk 1".`` is ``go to "desk 1"``)."""
-    raw = raw.strip()
-    value = raw.strip("`'\"").rstrip(".")
-    inner = raw[:-1].rstrip() if raw.endswith(".") else ""
-    if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "`'\"":  # a quoted value, then the period
-        value = inner[1:-1].strip().rstrip(".")
-    return value
+    and ```4`.`` are ``4``, as is ``'4`` (a lone quote at one end); quotes inside it stay, with or
+    without the period (``go to "desk 1".`` and ``go to "desk 1"`` are ``go to "desk 1"``)."""
+    value = raw.strip()
+    if value.endswith("."):
+        value = value[:-1].rstrip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "`'\"":  # a quoted value
+        value = value[1:-1].strip()
+    else:
+        for q in "`'\"":
+            if value.count(q) == 1 and (value[0] == q or value[-1] == q):  # a lone quote at one end
+                value = value.strip(q).strip()
+    return value.rstrip(".")
 
 
 def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:

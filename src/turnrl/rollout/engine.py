@@ -134,6 +134,9 @@ def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
 _NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": None,
                             "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_new_tokens": None,
                             "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                            # a forced stop at max_new_tokens would end a cut reply as if the model chose to
+                            "forced_eos_token_id": None, "forced_bos_token_id": None, "min_length": 0,
+                            "sequence_bias": None, "exponential_decay_length_penalty": None, "max_time": None,
                             # a model's static / sliding-window cache setting: the shared-prefix path passes
                             # its own cache, which generate refuses together with one
                             "cache_implementation": None}
