@@ -471,9 +471,24 @@ def test_bad_adam_betas_and_lora_modules_are_one_line_errors(tmp_path: Path) -> 
 
     with pytest.raises(TurnRLError, match=r"adam_betas.*\[0, 1\)"):
         load_config(TrainConfig, overrides=["adam_betas=[0.9,1.0]"])
-    cfg = base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, target_modules=["no_such_proj"]))
-    with pytest.raises(TurnRLError, match=r"^lora.target_modules=\['no_such_proj'\]: "):
+    with pytest.raises(TurnRLError, match=r"^override 'adam_betas=\[0.9,1.5\]': bad value for 'adam_betas': each "
+                                          r"beta must be in \[0, 1\) \(got \[0.9, 1.5\]\)$"):  # "got" once
+        load_config(TrainConfig, overrides=["adam_betas=[0.9,1.5]"])
+    # a misspelled name in a list adapted the other names alone; peft fails only when none matches
+    for names in (["no_such_proj"], ["q_proj", "v_prj"]):
+        cfg = base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, target_modules=names))
+        with pytest.raises(TurnRLError, match=rf"^lora.target_modules: no module of the model is named '{names[-1]}'$"):
+            run(tmp_path, cfg)
+    cfg = base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, target_modules=".*no_such_proj"))  # a pattern
+    with pytest.raises(TurnRLError, match=r"^lora.target_modules='.\*no_such_proj': "):
         run(tmp_path, cfg)
+    # a bad pattern was a traceback from peft's re.fullmatch; a huge int one from math.isfinite
+    with pytest.raises(TurnRLError, match=r"bad value for 'lora.target_modules': not a valid regular expression"):
+        load_config(TrainConfig, overrides=["lora.target_modules=q_proj("])
+    with pytest.raises(TurnRLError, match=r"bad value for 'batch_size': must be >= 1"):
+        load_config(TrainConfig, overrides=["batch_size=-" + "9" * 400])
+    with pytest.raises(TurnRLError, match=r"bad value for 'seed': must be in \[0, "):
+        load_config(TrainConfig, overrides=["seed=" + "9" * 400])
 
 
 def test_settings_that_would_change_nothing_are_refused_before_training(tmp_path: Path) -> None:

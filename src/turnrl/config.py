@@ -37,7 +37,7 @@ class Range(NamedTuple):
         was set: ``must be >= 1``, ``must be a finite number >= 0``, ``must be in (0, 1]``."""
         above = v > self.lo if self.lo_open else v >= self.lo
         below = self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
-        if math.isfinite(v) and above and below:
+        if (not isinstance(v, float) or math.isfinite(v)) and above and below:  # an int of any size is finite
             return v
         if self.hi is None:
             what = "a finite number " if isinstance(v, float) else ""

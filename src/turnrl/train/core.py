@@ -116,6 +116,16 @@ class LoraSettings(Config):
 
     value_ranges = {"r": Range(1), "alpha": Range(1), "dropout": Range(0, 1, hi_open=True)}
 
+    @field_validator("target_modules")
+    @classmethod
+    def _a_pattern_compiles(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str) and v != "all-linear":  # peft matches a string as a regular expression
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression ({e})") from None
+        return v
+
 
 class TrainConfig(Config):
     """Optimisation settings shared by every trainer."""
@@ -172,7 +182,7 @@ class TrainConfig(Config):
     @classmethod
     def _betas_in_unit_interval(cls, v: tuple[float, float]) -> tuple[float, float]:
         if not all(0 <= b < 1 for b in v):
-            raise ValueError(f"each beta must be in [0, 1) (got {list(v)})")
+            raise ValueError("each beta must be in [0, 1)")  # the error adds what was given
         return v
 
     @field_validator("momentum")
@@ -572,6 +582,10 @@ class Trainer:
             for want in cfg.lora.modules_to_save or []:  # peft matches a name as the end of a module's
                 if not any(n.endswith(want) for n in names):
                     raise TurnRLError(f"lora.modules_to_save: no module of the model is named {want!r}")
+            if isinstance(cfg.lora.target_modules, list):  # peft fails only when no name matches at all
+                for want in cfg.lora.target_modules:
+                    if not any(n == want or n.endswith("." + want) for n in names):
+                        raise TurnRLError(f"lora.target_modules: no module of the model is named {want!r}")
             tied = _tied_embedding(model)
             try:
                 model = get_peft_model(
