@@ -706,3 +706,19 @@ def test_error_observation_repeats_the_unchanged_state_so_an_agent_without_histo
     assert error_obs.startswith("Invalid action: '9'") and error_obs.endswith(first_obs)
     assert t.messages[2].note == "invalid action '9'; returned an error observation"
     assert all(m.role != "assistant" for m in seen[1])  # history 0: no earlier exchange in view
+
+
+def test_an_action_line_listed_whole_is_read_after_action_equals() -> None:
+    """``ACTION=`` takes one word where the env lists its actions; a listed action of several words
+    ("go to shelf 1", a question) was rejected. Its whole line is now read when that is listed, and an
+    invalid reply names the same candidate as before."""
+    listed = ["go to shelf 1", "go to desk 2", "look", "Is it an animal?"]
+    assert parse_action("Thought: the shelf.\nACTION=go to shelf 1", listed).action == "go to shelf 1"
+    assert parse_action("ACTION=Is it an animal?", listed).action == "Is it an animal?"
+    assert parse_action("ACTION=look, then decide", listed).action == "look"  # the word, as before
+    assert parse_action("ACTION=go to shelf 1\nAction: go to desk 2", listed).action == "go to desk 2"  # the last
+    bad = parse_action("ACTION=go to shelf 9", listed)
+    assert (bad.action, bad.valid, bad.candidates) == ("go", False, ("go",))
+    colors = ["blue", "green"]
+    assert parse_action("ACTION=blue, the best so far", colors).action == "blue"
+    assert parse_action("ACTION=blue\nACTION=green.", colors).action == "green"

@@ -5,8 +5,9 @@ Replies follow ReAct, ``Thought: ...`` then ``Action: ...``; the RLFT format
 valid: a model that corrects itself ("Action: 9", then on a later line "Action: 4") acts on
 its last valid choice (each ``Action:`` starts its own line). Where the env cannot enumerate its actions, the last action written is taken.
 ``Action:`` takes the rest of its line. ``ACTION=`` takes one word (or ``word[...]``) where
-the env lists its actions, so "ACTION=blue, the best so far" acts on blue, and the rest of the
-line where it lists none (free-text commands: "ACTION=go to shelf 1").
+the env lists its actions, so "ACTION=blue, the best so far" acts on blue, or else the rest of
+its line where that is a listed action ("ACTION=go to shelf 1" in a household game); where the
+env lists none, the rest of the line (free-text commands).
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def _bare(raw: str) -> str:
     return value.rstrip(".")
 
 
-def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
+def _matches(text: str, pats: Sequence[re.Pattern[str]]) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
-    for pat in (_REACT, _RLFT_LINE if free_text else _RLFT_WORD):
+    for pat in pats:
         for m in pat.finditer(text):
             value = _bare(next(g for g in m.groups() if g is not None))
             if value:
@@ -60,14 +61,20 @@ def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
     return found
 
 
+def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
+    return _matches(text, (_REACT, _RLFT_LINE if free_text else _RLFT_WORD))
+
+
 def parse_action(text: str, valid_actions: Sequence[str] | None = None) -> ParsedAction:
     """The last valid action in ``text``; ``valid=False`` with the last candidate (or None)."""
     cands = [c for _, c in _candidates(text, free_text=valid_actions is None)]
     if valid_actions is None:
         return ParsedAction(cands[-1] if cands else None, bool(cands), tuple(cands))
     canon = {a.strip().lower(): a for a in valid_actions}
-    for c in reversed(cands):
-        hit = canon.get(c.lower())
-        if hit is not None:
-            return ParsedAction(hit, True, tuple(cands))
+    # the written actions that are listed, in order; an ``ACTION=`` line that is listed as a whole
+    # ("ACTION=go to shelf 1") goes after its first word
+    listed = [(pos, 0, canon[c.lower()]) for pos, c in _candidates(text) if c.lower() in canon]
+    listed += [(pos, 1, canon[c.lower()]) for pos, c in _matches(text, (_RLFT_LINE,)) if c.lower() in canon]
+    if listed:
+        return ParsedAction(max(listed)[2], True, tuple(cands))
     return ParsedAction(cands[-1] if cands else None, False, tuple(cands))

@@ -213,9 +213,13 @@ class HFEngine:
         )
         if was_training:
             self.model.train()
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float()  # [B, new, V], raw (temperature 1)
-        logps = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
+        new = out.sequences[:, width:]
+        # raw logits (temperature 1), one step at a time: a [B, new, V] float32 stack and its log-softmax
+        # would hold two more copies of every step's logits (tens of GB at a 150k vocabulary)
+        steps = [torch.log_softmax(step.float(), dim=-1).gather(-1, new[:, t : t + 1].to(step.device)).squeeze(-1)
+                 for t, step in enumerate(out.logits)]
+        logps = torch.stack(steps, dim=1).cpu() if steps else torch.zeros(len(prompts), 0)
+        new = new.cpu()
         return [cut_at_stop(new[i].tolist(), logps[i].tolist(), self.stop_token_ids) for i in range(len(prompts))]
 
     def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:

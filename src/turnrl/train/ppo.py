@@ -770,9 +770,6 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if bool(cfg.eval_every) != bool(cfg.eval_episodes):  # the evaluation needs both: one alone did nothing
         raise TurnRLError(f"ppo: eval_every ({cfg.eval_every}) and eval_episodes ({cfg.eval_episodes}) go together "
                           "(eval_episodes greedy episodes every eval_every steps); set both or neither")
-    if not cfg.eval_every and cfg.eval_split != PPOConfig.model_fields["eval_split"].default:
-        raise TurnRLError(f"ppo: eval_split={cfg.eval_split}: evaluation is off (eval_every=0); set eval_every and "
-                          "eval_episodes or leave it out")
     if cfg.beta_kl > 0 and cfg.kl_estimator == "k1" and cfg.kl_gradient == "pathwise":
         raise TurnRLError("ppo: kl_estimator=k1 with kl_gradient=pathwise pulls nothing toward the reference (k1's "
                           "gradient through the sampled token is 0 in expectation); set kl_gradient=full or use k3")
@@ -782,6 +779,9 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     for key, split in (("split", cfg.split), ("eval_split", cfg.eval_split)):
         if split not in ("train", "seen", "unseen"):
             raise TurnRLError(f"ppo: {key}={split}: unknown split; choose from: train, seen, unseen")
+    if not cfg.eval_every and cfg.eval_split != PPOConfig.model_fields["eval_split"].default:
+        raise TurnRLError(f"ppo: eval_split={cfg.eval_split}: evaluation is off (eval_every=0); set eval_every and "
+                          "eval_episodes or leave it out")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
 
 
