@@ -687,8 +687,8 @@ def test_study_pools_the_said_counts_of_a_row_over_its_seeds(tmp_path: Path) -> 
     from turnrl.greedy_study import BEST_SUMMARY, aggregate_bandit
 
     def report(i: int, said: bool) -> str:
-        r = {"final_regret": [10.0 + i, 12.0], "final_coverage": [0.1, 0.2 * i], "regret": {"mean": [1.0]},
-             "coverage": {"mean": [0.1]}, "actions_pct": {"optimal": 1.0, "greedy": 90.0, "other": 9.0}, "invalid": 0.0}
+        r = {"final_regret": [10.0 + i, 12.0], "final_coverage": [0.1, 0.2 * i], "regret": {"mean": [1.0], "lo": [0.5], "hi": [1.5]},
+             "coverage": {"mean": [0.1], "lo": [0.0], "hi": [0.2]}, "actions_pct": {"optimal": 1.0, "greedy": 90.0, "other": 9.0}, "invalid": 0.0}
         if said:
             r["said"] = {"Best.": {"replies": 10 * i, "right": 5 * i}, "Untried.": {"replies": i, "right": i}}
         path = tmp_path / f"{i}-{said}.json"
