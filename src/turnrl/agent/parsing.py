@@ -3,7 +3,8 @@
 Replies follow ReAct, ``Thought: ...`` then ``Action: ...``; the RLFT format
 ``ACTION=X`` (seed 004) is read too. The parser takes the **last** action written that is
 valid: a model that corrects itself ("Action: 9", then on a later line "Action: 4") acts on
-its last valid choice (each ``Action:`` starts its own line). Where the env cannot enumerate its actions, the last action written is taken.
+its last valid choice (each ``Action:`` starts its own line). Where the env cannot enumerate
+its actions, the last action written is taken.
 ``Action:`` takes the rest of its line. ``ACTION=`` takes one word (or ``word[...]``) where
 the env lists its actions, so "ACTION=blue, the best so far" acts on blue, or else the rest of
 its line where that is a listed action ("ACTION=go to shelf 1" in a household game); where the
@@ -67,13 +68,14 @@ def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
 
 def parse_action(text: str, valid_actions: Sequence[str] | None = None) -> ParsedAction:
     """The last valid action in ``text``; ``valid=False`` with the last candidate (or None)."""
-    cands = [c for _, c in _candidates(text, free_text=valid_actions is None)]
+    found = _candidates(text, free_text=valid_actions is None)
+    cands = [c for _, c in found]
     if valid_actions is None:
         return ParsedAction(cands[-1] if cands else None, bool(cands), tuple(cands))
     canon = {a.strip().lower(): a for a in valid_actions}
     # the written actions that are listed, in order; an ``ACTION=`` line that is listed as a whole
     # ("ACTION=go to shelf 1") goes after its first word
-    listed = [(pos, 0, canon[c.lower()]) for pos, c in _candidates(text) if c.lower() in canon]
+    listed = [(pos, 0, canon[c.lower()]) for pos, c in found if c.lower() in canon]
     listed += [(pos, 1, canon[c.lower()]) for pos, c in _matches(text, (_RLFT_LINE,)) if c.lower() in canon]
     if listed:
         return ParsedAction(max(listed)[2], True, tuple(cands))
