@@ -54,11 +54,12 @@ def check_not_input(out: str | Path, inputs: Iterable[str | Path], why: str = "i
     """Fail before any work when the output file ``out`` is one of the ``inputs`` (after symbolic
     links, and a hard link to an input: the same file under another name)."""
     for f in inputs:
-        if Path(f).resolve() == Path(out).resolve() or _same_file(f, out):
+        if _same_file(f, out):
             raise TurnRLError(f"--out {out}: is the input file {f} ({why}); choose another --out")
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one existing file (symbolic links followed, hard links included)."""
     try:
         return os.path.samefile(a, b)
     except OSError:  # either is missing (an output not written yet) or unreadable

@@ -275,7 +275,7 @@ def _model_mask(model: Any, batch: PackedBatch, device: Any) -> torch.Tensor | d
     pos = batch.position_ids
     if window is None or pos.numel() == 0 or int(pos.max()) < window:  # no sequence is longer than the window
         return form(batch.attention_mask)
-    banded = batch.attention_mask & (_band(pos, pos, window) | torch.eye(pos.shape[1], dtype=torch.bool)).unsqueeze(1)
+    banded = batch.attention_mask & _band(pos, pos, window).unsqueeze(1)  # the diagonal stays: padding sees itself
     if mixed:
         return {"full_attention": form(batch.attention_mask), "sliding_attention": form(banded)}
     return form(banded)
