@@ -8,7 +8,8 @@
 validation games ``ttt-s300000`` .. ``ttt-s300399`` (empty board, random-opponent seeds that no split
 holds: not the ``seen`` games of the test), and writes ``OUT/screen/seed-S.json``. A start whose
 validation avg reward lies in [LO, HI) is *accepted*, and the seed's ``turnrl compare`` stages run
-(the config's methods: SFT and SPPO on the ``seen`` games). A seed is not begun after CUT (UTC, HH:MM,
+(the config's methods on the ``seen`` games: SFT and SPPO for issue 9, SFT, ETO and DMPO for issue 5
+in ../eto-screened/PREREGISTERED.txt). A seed is not begun after CUT (UTC, HH:MM,
 today). Each stage resumes: a screened seed is not screened again.
 
 ``--accept N`` (the second run, ../screened2/PREREGISTERED.txt) caps the test at the N accepted seeds
@@ -17,8 +18,9 @@ below it have been accepted. With two processes taking alternate seeds this keep
 fixed by the screen alone, whichever process is faster.
 
 ``list`` prints every screened seed with its validation reward and whether it was accepted and
-finished, then the accepted and finished seeds on one line (with ``--accept N``, only the first N
-accepted), to pass to ``sppo600/paired.py``.
+finished (every method stage of the config done; the screen record keeps the methods), then the
+accepted and finished seeds on one line (with ``--accept N``, only the first N accepted), to pass
+to ``sppo600/paired.py`` or as the ``seeds`` of the aggregating ``turnrl compare``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def run(argv: list[str]) -> None:
             run = seed_run(cfg, seed)  # the seed's demos and SFT agent, as turnrl compare makes them
             reward = validation_reward(run.pipe, run.sft, out / "screen" / f"seed-{seed}-games.jsonl")
             atomic_write_json(path, {"seed": seed, "validation": reward, "lo": lo, "hi": hi,
-                                     "accepted": lo <= reward < hi})
+                                     "accepted": lo <= reward < hi, "methods": list(cfg.methods)})
         screen = json.loads(path.read_text())
         if (screen["lo"], screen["hi"]) != (lo, hi):  # its decision was another band's
             raise TurnRLError(f"{path}: screened with the band [{screen['lo']}, {screen['hi']}), this run gives "
@@ -133,7 +135,8 @@ def list_seeds(argv: list[str]) -> None:
     for s in _screens(out):
         in_test = s["accepted"] and (cap is None or accepted < cap)
         accepted += s["accepted"]
-        done = (out / f"seed-{s['seed']}" / "sppo.json.done.json").is_file()
+        # finished: every method stage of the run is done (a record from before "methods" was kept ran SPPO)
+        done = all((out / f"seed-{s['seed']}" / f"{m}.json.done.json").is_file() for m in s.get("methods", ["sppo"]))
         print(f"{s['seed']}  {s['validation']:.4f}  {'accepted' if s['accepted'] else '-'}"
               f"{'  (beyond the first ' + str(cap) + ')' if s['accepted'] and not in_test else ''}"
               f"{'  finished' if done and in_test else ''}")
