@@ -10,7 +10,7 @@ holds: not the ``seen`` games of the test), and writes ``OUT/screen/seed-S.json`
 validation avg reward lies in [LO, HI) is *accepted*, and the seed's ``turnrl compare`` stages run
 (the config's methods on the ``seen`` games: SFT and SPPO for issue 9, SFT, ETO and DMPO for issue 5
 in ../eto-screened/PREREGISTERED.txt). A seed is not begun after CUT (UTC, HH:MM,
-today). Each stage resumes: a screened seed is not screened again.
+the next such time from the start). Each stage resumes: a screened seed is not screened again.
 
 ``--accept N`` (the second run, ../screened2/PREREGISTERED.txt) caps the test at the N accepted seeds
 with the lowest numbers: a candidate is not begun, and an accepted seed's SPPO is not run, once N seeds
@@ -92,7 +92,10 @@ def run(argv: list[str]) -> None:
         raise ValueError("give CONFIG, OUT, LO, HI, CUT and at least one SEED")
     config, out = rest[0], Path(rest[1])
     lo, hi = float(rest[2]), float(rest[3])
-    cut = dt.datetime.combine(dt.datetime.now(dt.UTC).date(), dt.time.fromisoformat(rest[4]), dt.UTC)
+    now = dt.datetime.now(dt.UTC)
+    cut = dt.datetime.combine(now.date(), dt.time.fromisoformat(rest[4]), dt.UTC)
+    if cut < now:  # the next such time: a run begun before midnight with a CUT after it
+        cut += dt.timedelta(days=1)
     seeds = [int(s) for s in rest[5:]]
     cfg = load_config(CompareConfig, config, [*overrides, f"out={out}"])
     _check(cfg)  # what turnrl compare checks before it writes anything
