@@ -305,6 +305,25 @@ def test_numbers_in_exponent_notation_are_floats(tmp_path: Path) -> None:
     assert load_config(EtoConfig, cfg).env_opts == {"opponent": "noisy", "noise": 0.1}
 
 
+@pytest.mark.parametrize(("items", "message"), [
+    (["lora.r=4", "lora=null"], "bad override 'lora=null': 'lora' is a section that 'lora.r=4' sets"),
+    (["lora=null", "lora.r=4"], "bad override 'lora.r=4': 'lora' is set to a value by 'lora=null'"),
+    (["a={b: 1}", "a.b.c=1"], "bad override 'a.b.c=1': 'a.b' is set to a value by 'a={b: 1}'"),
+])
+def test_an_override_that_sets_a_section_and_its_value_is_refused(items: list[str], message: str) -> None:
+    """``lora.r=4 lora=null`` dropped ``r`` in silence (the later value replaced the section), and the other
+    order said only that ``lora`` is not a section. Either is now one error naming both overrides."""
+    from turnrl.config import parse_overrides
+    from turnrl.train.core import TrainConfig
+
+    with pytest.raises(TurnRLError, match=re.escape(message)):
+        parse_overrides(items)
+    with pytest.raises(TurnRLError, match=re.escape(message)):
+        load_config(TrainConfig, None, items)
+    # a later value of the same key, and sections that add keys, still merge
+    assert parse_overrides(["lr=1", "lr=2", "a={b: 1}", "a.c=2", "a.d.e=3"]) == {"lr": 2, "a": {"b": 1, "c": 2, "d": {"e": 3}}}
+
+
 def test_a_nested_override_keeps_the_rest_of_its_sections_defaults(tmp_path: Path) -> None:
     """``train.beta=0.2`` changes beta only: the pipeline's own default ``train`` settings (constant
     schedule, batch 16, ...) stay instead of falling back to the trainer's class defaults."""

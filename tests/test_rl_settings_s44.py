@@ -255,4 +255,16 @@ def test_ppo_refuses_an_eval_split_with_evaluation_off() -> None:
     with pytest.raises(TurnRLError, match=r"eval_split=unseen: evaluation is off"):
         _check(_ppo_cfg(eval_split="unseen"), "bandit")
     _check(_ppo_cfg(eval_split="unseen", eval_every=2, eval_episodes=2), "bandit")
+
+
+@pytest.mark.parametrize(("key", "value"), [("kl_estimator", "full"), ("kl_gradient", "full")])
+def test_ppo_refuses_kl_settings_with_the_kl_term_off(key: str, value: str) -> None:
+    """``kl_estimator`` and ``kl_gradient`` are read only by the KL term; with ``beta_kl=0`` they were
+    accepted and did nothing."""
+    from turnrl.train.ppo import _check
+
+    with pytest.raises(TurnRLError, match=rf"ppo: {key}={value}: the KL term is off \(beta_kl=0\)"):
+        _check(_ppo_cfg(beta_kl=0.0, **{key: value}), "bandit")
+    _check(_ppo_cfg(beta_kl=0.1, **{key: value}), "bandit")
+    _check(_ppo_cfg(beta_kl=0.0), "bandit")
     _check(_ppo_cfg(), "bandit")

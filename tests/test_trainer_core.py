@@ -293,7 +293,8 @@ def test_lora_on_a_half_precision_base_trains_float32(tmp_path: Path) -> None:
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_changes_no_loss_or_gradient(tmp_path: Path, lora: bool) -> None:
     """Recomputing activations in the backward pass gives the same losses and gradient norms,
-    through the API the installed transformers names (no deprecation warning)."""
+    through the API the installed transformers names (no deprecation warning); the saved model's
+    config keeps its own ``use_cache``, which training turned off."""
     kw: dict[str, Any] = {"max_steps": 3, "lora": LoraSettings(r=4, alpha=8, dropout=0.0) if lora else None}
     plain, _ = run(tmp_path / "plain", base_cfg(**kw))
     ckpt, _ = run(tmp_path / "ckpt", base_cfg(gradient_checkpointing=True, **kw))
@@ -303,6 +304,10 @@ def test_gradient_checkpointing_changes_no_loss_or_gradient(tmp_path: Path, lora
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-5)
     assert [r["grad_norm"] for r in a] == pytest.approx([r["grad_norm"] for r in b], rel=1e-4)
     assert not (plain.unwrapped_model.get_base_model() if lora else plain.unwrapped_model).model.gradient_checkpointing
+    assert base.config.use_cache is False  # off while training
+    saved = json.loads((tmp_path / "ckpt" / "model" / "config.json").read_text())
+    assert build_model().config.use_cache is True
+    assert saved.get("use_cache", True) is True  # transformers leaves a default value out
 
 
 def test_lr_warmup_then_cosine(tmp_path: Path) -> None:

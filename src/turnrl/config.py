@@ -154,6 +154,7 @@ def _split_override(item: str) -> tuple[str, str]:
 def parse_overrides(items: list[str] | None, what: str = "override") -> dict[str, Any]:
     """Turn ``["a=1", "b.c=x"]`` into a nested dict; a malformed item is a one-line error."""
     out: dict[str, Any] = {}
+    by: dict[str, str] = {}  # the item that set each dotted key, as a value or as a section
     for item in items or []:
         if "=" not in item:
             raise TurnRLError(f"bad {what} '{item}': expected key=value")
@@ -162,12 +163,23 @@ def parse_overrides(items: list[str] | None, what: str = "override") -> dict[str
             raise TurnRLError(f"bad {what} '{item}': empty key")
         node = out
         parts = key.split(".")
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise TurnRLError(f"bad {what} '{item}': '{part}' is not a section")
+            if not isinstance(node, dict):  # e.g. lora=null then lora.r=4
+                raise TurnRLError(f"bad {what} '{item}': '{'.'.join(parts[:i + 1])}' is set to a value by "
+                                  f"'{_setter(by, parts[:i + 1])}'; give the section or the value, not both")
+            by.setdefault(".".join(parts[:i + 1]), item)
+        if isinstance(node.get(parts[-1]), dict):  # e.g. lora.r=4 then lora=null: r would be dropped
+            raise TurnRLError(f"bad {what} '{item}': '{key}' is a section that '{_setter(by, parts)}' sets; "
+                              "give the section or the value, not both")
         node[parts[-1]] = parse_value(value)
+        by[key] = item
     return out
+
+
+def _setter(by: dict[str, str], parts: list[str]) -> str:
+    """The override that set the dotted key ``parts``, or the section above it (``a={b: 1}`` sets ``a.b``)."""
+    return next(by[k] for i in range(len(parts), 0, -1) if (k := ".".join(parts[:i])) in by)
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

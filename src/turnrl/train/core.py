@@ -541,6 +541,7 @@ class Trainer:
         #: in that step's record. It must be deterministic given the model and the RNG state.
         self.before_step = before_step
         self.save_apart = tuple(save_apart)
+        self._use_cache: bool | None = None  # the model config's use_cache, where training turns it off
         # hashed only where it changes what trains: dropout turned off in a model that has some. Kept on
         # (every run before the setting existed) or on a model without dropout, runs resume as before
         drops = has_dropout(model, cfg)
@@ -622,6 +623,7 @@ class Trainer:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+                self._use_cache = model.config.use_cache  # what the saved model's config keeps
                 model.config.use_cache = False
             if _is_peft(model):
                 model.enable_input_require_grads()
@@ -977,6 +979,10 @@ class Trainer:
             for d in (model_dir, adapter_dir):
                 if d.exists():
                     shutil.rmtree(d)
+            # gradient checkpointing turned the KV cache off for training; the saved config keeps the model's own
+            config = getattr(model, "config", None)
+            if self._use_cache is not None and config is not None:
+                config.use_cache = self._use_cache
             if _is_peft(model):
                 model.save_pretrained(str(adapter_dir))
                 merged = copy.deepcopy(model).merge_and_unload()
@@ -989,6 +995,8 @@ class Trainer:
             for name, tensors in apart.items():
                 save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
                           str(model_dir / f"{name}.safetensors"))
+            if self._use_cache is not None and config is not None:
+                config.use_cache = False  # training may go on (a caller that saves and trains more)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(str(model_dir))
                 if _is_peft(model):

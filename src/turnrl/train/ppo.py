@@ -779,6 +779,10 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     for key, split in (("split", cfg.split), ("eval_split", cfg.eval_split)):
         if split not in ("train", "seen", "unseen"):
             raise TurnRLError(f"ppo: {key}={split}: unknown split; choose from: train, seen, unseen")
+    for key in ("kl_estimator", "kl_gradient"):  # read only by the KL term
+        if cfg.beta_kl == 0 and getattr(cfg, key) != PPOConfig.model_fields[key].default:
+            raise TurnRLError(f"ppo: {key}={getattr(cfg, key)}: the KL term is off (beta_kl=0); set beta_kl or "
+                              f"leave {key} out")
     if not cfg.eval_every and cfg.eval_split != PPOConfig.model_fields["eval_split"].default:
         raise TurnRLError(f"ppo: eval_split={cfg.eval_split}: evaluation is off (eval_every=0); set eval_every and "
                           "eval_episodes or leave it out")
