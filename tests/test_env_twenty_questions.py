@@ -179,6 +179,11 @@ def test_expert_collection_through_the_sampler(name: str) -> None:
     ("guess_my_city", "Is the city in the United States and on the coast?", ["city-chicago", "city-new-york"]),
     ("guess_my_city", "Is it not in Europe?", ["city-paris", "city-tokyo"]),
     ("twenty_questions", "Is it not an animal?", ["20q-dog", "20q-apple"]),
+    # "or" is a listed question's own word ("Do you eat or drink with it?"), not these questions': they were
+    # answered as their one listed part ("Is it a farm animal?": No, for a dog)
+    ("twenty_questions", "Is it a pet or a farm animal?", ["20q-dog", "20q-cow", "20q-apple"]),
+    ("twenty_questions", "Is it an animal or a plant?", ["20q-apple", "20q-dog"]),
+    ("twenty_questions", "Can it fly or swim?", ["20q-shark", "20q-apple"]),
 ])
 def test_a_compound_question_is_refused_whatever_the_secret(env_name: str, question: str, secrets: list[str]) -> None:
     """Whether a free-text question is two questions in one is read from its words: the refusal does
@@ -206,7 +211,8 @@ def test_a_guess_may_name_the_citys_country(secret: str, guess: str) -> None:
 
 
 @pytest.mark.parametrize(("secret", "question"), [("20q-apple", "Is it green in color?"),
-                                                  ("20q-apple", "Is it something you wear on your feet?")])
+                                                  ("20q-apple", "Is it something you wear on your feet?"),
+                                                  ("20q-spoon", "Do you usually eat or drink with it?")])
 def test_a_paraphrase_with_a_words_of_an_alias_is_still_one_question(secret: str, question: str) -> None:
     env = envs.make("twenty_questions", free_text=True)
     env.reset(options={"task_id": secret})

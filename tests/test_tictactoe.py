@@ -244,6 +244,31 @@ def test_splits_are_disjoint_and_fixed() -> None:
         _, info = env.reset(options={"task_id": tid})
         assert info["board"].count("X") == 1 and info["board"].count("O") == 1
     assert len({tid.split("-s")[0] for tid in unseen}) == 72
+    # the openings' order, as every documented unseen number was measured on
+    openings = [(x, o) for x in range(9) for o in range(9) if x != o]
+    random.Random(7919).shuffle(openings)
+    assert unseen == [f"ttt-o{x}{o}-s{200000 + i}" for i, (x, o) in enumerate(openings * 3) if i < 200]
+
+
+def test_unseen_openings_leave_the_agent_to_move_on_either_side() -> None:
+    """With ``agent_first=False`` the unseen split was the same one-X-one-O openings, so the opponent (X)
+    moved first from them, from 48 of 72 won for X: a minimax expert lost 134 of 200 to minimax. The
+    agent playing O now gets openings of two X and one O, and moves first from each."""
+    second = TicTacToe(agent_first=False, opponent="minimax")
+    ids = second.task_ids("unseen")
+    assert len(ids) == len(set(ids)) == 200 and not set(ids) & set(TicTacToe().task_ids("unseen"))
+    outcomes = []
+    for tid in ids:
+        _, info = second.reset(options={"task_id": tid})
+        assert (info["board"].count("X"), info["board"].count("O")) == (2, 1)  # the opponent has not moved
+        value, rng = minimax_value(info["board"]), random.Random(tid)
+        while True:  # perfect play on both sides ends as the opening's value says
+            _, reward, terminated, truncated, info = second.step(second.expert(rng).action)
+            if terminated or truncated:
+                break
+        assert reward == (value > 0) - (value < 0), tid
+        outcomes.append(reward)
+    assert {-1.0, 0.0, 1.0} <= set(outcomes) and outcomes.count(0.0) > len(outcomes) / 3
 
 
 def test_reset_is_deterministic() -> None:

@@ -37,7 +37,9 @@ end the game before the agent moves (refused at reset); the splits are fixed lis
   distribution);
 - ``unseen``: out of distribution, one X and one O already on the board and X to move, a
   start position never met in training: the 72 (X cell, O cell) openings in a fixed
-  shuffled order, cycled, with opponent seeds 200000..200199 (200 tasks).
+  shuffled order, cycled, with opponent seeds 200000..200199 (200 tasks). With
+  ``agent_first=False`` (the agent plays O) it is 200 of the 504 openings of two X and one O
+  instead, so that here too the agent moves first from the opening.
 
 The expert is minimax (perfect play; faster wins and slower losses preferred), ties broken
 with the caller's ``rng`` (``expert_ties="random"``, the default) or by a fixed preference
@@ -52,6 +54,7 @@ works on a board given as 9 characters ``'X'``, ``'O'``, ``'.'`` (a string or a 
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Sequence
@@ -176,17 +179,21 @@ _TASK_RE = re.compile(r"ttt-(?:o([0-8]+)-)?s([0-9]+)")
 _TASK_FORMAT = "expected 'ttt-s<seed>' or 'ttt-o<cells>-s<seed>', e.g. 'ttt-s7' or 'ttt-o40-s7'"
 
 
-def _unseen_ids() -> tuple[str, ...]:
-    openings = [(x, o) for x in range(9) for o in range(9) if x != o]
+def _unseen_ids(marks: int) -> tuple[str, ...]:
+    """200 openings of ``marks`` marks (X first) in a fixed shuffled order, cycled, opponent seeds 200000+."""
+    openings = list(itertools.permutations(range(9), marks))
     random.Random(7919).shuffle(openings)
-    return tuple(f"ttt-o{x}{o}-s{200000 + i}" for i, (x, o) in enumerate(openings * 3) if i < 200)
+    return tuple(f"ttt-o{''.join(map(str, cells))}-s{200000 + i}" for i, cells in enumerate(openings * 3) if i < 200)
 
 
 _SPLIT_IDS: dict[str, tuple[str, ...]] = {
     "train": tuple(f"ttt-s{s}" for s in range(1000)),
     "seen": tuple(f"ttt-s{s}" for s in range(100000, 100200)),
-    "unseen": _unseen_ids(),
+    "unseen": _unseen_ids(2),  # one X and one O: the agent (X) to move
 }
+#: the agent plays O (``agent_first=False``): two X and one O, so that the agent is to move here too (after
+#: one X and one O the opponent would move first, from openings of which 48 of 72 are won for X)
+_UNSEEN_SECOND = _unseen_ids(3)
 
 
 def parse_task(task_id: str) -> tuple[str, int]:
@@ -272,7 +279,7 @@ class TicTacToe(TextEnv):
         """The task ids of ``train`` / ``seen`` / ``unseen`` in a fixed order."""
         if split not in _SPLIT_IDS:
             raise TurnRLError(f"tictactoe: unknown split {split!r}; choose from: {', '.join(_SPLIT_IDS)}")
-        return list(_SPLIT_IDS[split])
+        return list(_UNSEEN_SECOND if split == "unseen" and not self.agent_first else _SPLIT_IDS[split])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         """Start a task: ``options["task_id"]``, else ``task_ids(options.get("split",

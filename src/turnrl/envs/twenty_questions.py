@@ -16,9 +16,10 @@ the candidate secrets); ``info["valid_actions"]`` lists the same questions plus 
 per candidate (``Is it a dog?``, ``Is it Paris?``), so a policy's reply is matched to them
 case-insensitively. With ``free_text=True`` no list is given and any text is stepped: the
 oracle then matches it itself, exactly (after lower-casing and dropping punctuation) or
-loosely (the question whose content words all occur in the text; when two such
-questions have equally many content words and different answers it asks for one question
-at a time).
+loosely (the question whose content words all occur in the text). It asks for one question
+at a time when two such questions have equally many content words, when the text holds another
+listed question's words too, or when it joins or negates ("or", "and", "not") where the matched
+question does not: whatever the answers, so that a refusal tells nothing about the secret.
 
 - ``twenty_questions``: 96 everyday objects in 12 categories, 72 yes/no questions
   (``Is it an animal?``, ``Does it have wheels?``...).
@@ -134,8 +135,11 @@ class QAGame(TextEnv):
             for t in (q.text, *q.aliases):
                 self._exact.setdefault(_norm(t), q)
         self._loose = [(q, _content(q.text)) for q in self.questions]
-        # compound words that a listed question itself uses ("eat or drink") do not make a text compound
-        self._compound = _COMPOUND - {w for q in self.questions for t in (q.text, *q.aliases) for w in _norm(t).split()}
+        # the words of each listed question: a compound word ("or") that the question matched loosely uses
+        # itself ("Do you eat or drink with it?") is its own, any other makes the text two questions in one
+        self._words = {q.text: {w for t in (q.text, *q.aliases) for w in _norm(t).split()} for q in self.questions}
+        # compound words that no listed question uses: a text with one is refused before any matching
+        self._compound = _COMPOUND - set().union(*self._words.values())
         self._names: dict[str, Item] = {}
         for it in self.items:
             for n in (it.name, *it.aliases):
@@ -283,6 +287,8 @@ class QAGame(TextEnv):
                 # answers agree for this secret must not decide it, or the refusal would tell about it
                 top_words = next(c for q2, c in hits if q2 is tied[0])
                 if len(tied) > 1 or any(not c & top_words for _, c in hits):
+                    return "unknown", "Please ask one question at a time.", None
+                if (_COMPOUND & set(norm.split())) - self._words[tied[0].text]:  # "a pet or a farm animal"
                     return "unknown", "Please ask one question at a time.", None
                 q = tied[0]
         if q is None:
