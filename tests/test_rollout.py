@@ -415,6 +415,41 @@ def test_collection_resumes_without_redoing_episodes(tmp_path) -> None:
     assert [json.dumps(t.to_dict()) for t in ref] == [json.dumps(t.to_dict()) for t in again]
 
 
+def test_finish_order_by_hand() -> None:
+    """Two slots: a (3 turns) and b (1) start; b ends at step 1 and c takes its slot, ends at step 2;
+    d takes it, and a and d end at step 3, in slot order."""
+    from turnrl.rollout.sampler import finish_order
+
+    assert finish_order(list("abcd"), {"a": 3, "b": 1, "c": 1, "d": 1}, 2) == list("bcad")
+    assert finish_order(list("abc"), {"a": 2, "b": 2, "c": 2}, 8) == list("abc")
+
+
+@pytest.mark.parametrize(("env", "num_envs"), [("shop", 4), ("twenty_questions", 3), ("tictactoe", 8)])
+def test_a_resumed_collection_writes_the_file_of_an_uninterrupted_run(tmp_path, env: str, num_envs: int) -> None:
+    """The file is written in the order episodes finish; a resumed collection's first part came from
+    another schedule, so its file differed in order, and the pipelines that read it back (pairs, RFT and
+    SFT data, SPPO's samples) then trained on batches in another order than an uninterrupted run's. It is
+    now rewritten in the uninterrupted order: the same bytes."""
+    from turnrl.rollout.policies import RandomPolicy
+
+    whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
+    plan = [t.id for t in run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=whole)]
+    written = 0
+
+    def kill(n: int) -> None:
+        nonlocal written
+        written += n
+        if written >= 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=part, progress=kill)
+    assert 7 <= len(part.read_text().splitlines()) < 30
+    run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=part)
+    assert part.read_bytes() == whole.read_bytes()
+    assert [json.loads(line)["id"] for line in whole.read_text().splitlines()] != plan  # finish order
+
+
 def test_collection_refuses_to_resume_another_split_or_other_sampling(tmp_path, tiny_model, tiny_tokenizer) -> None:
     """A file of train episodes is not resumed by a run of the seen split (its episodes would end up in
     SFT data), nor a model's greedy episodes by a run that samples at temperature 1."""

@@ -14,12 +14,12 @@ from typing import Any
 
 from turnrl import envs
 from turnrl.agent.prompting import PromptConfig
-from turnrl.data.io import JsonlWriter, iter_jsonl, trajectory_from_dict
+from turnrl.data.io import JsonlWriter, iter_jsonl, trajectory_from_dict, write_jsonl
 from turnrl.data.schema import TRAJECTORY_SCHEMA, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.evaluation import summarize
 from turnrl.rollout.policies import Policy
-from turnrl.rollout.sampler import EpisodeSpec, Sampler, plan_episodes
+from turnrl.rollout.sampler import EpisodeSpec, Sampler, finish_order, plan_episodes
 
 
 def make_env_factory(env_name: str, env_opts: dict[str, Any] | None = None) -> Callable[[], envs.TextEnv]:
@@ -127,7 +127,15 @@ def run_policy(
     finally:
         sampler.close()
     by_id = {**done, **{t.id: t for t in new}}
-    return [by_id[s.episode_id(env_name)] for s in specs]
+    trajs = [by_id[s.episode_id(env_name)] for s in specs]
+    ids = [t.id for t in trajs]
+    if out is not None and done and new and set(done) <= set(ids):
+        # resumed: the file holds the episodes in the order they finished across the runs; it is rewritten
+        # in the order one uninterrupted run writes, which what reads it back (pairs, training data) keeps.
+        # A file that also holds episodes of another plan (a longer collection's) is left as it is
+        order = finish_order(ids, {t.id: t.num_turns for t in trajs}, num_envs)
+        write_jsonl(out, [by_id[i] for i in order])
+    return trajs
 
 
 #: how every line :class:`JsonlWriter` writes for a trajectory starts

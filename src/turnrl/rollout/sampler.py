@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,29 @@ class _Slot:
     obs: str = ""
     rng: random.Random = field(default_factory=random.Random)
     turn: int = 0
+
+
+def finish_order(indices: Sequence[Any], turns: Mapping[Any, int], num_envs: int) -> list[Any]:
+    """The order in which :meth:`Sampler.run` finishes the episodes ``indices`` (given in plan order) on
+    ``num_envs`` slots, from each one's number of turns: every active slot takes one turn a step, in slot
+    order, and a freed slot takes the next planned episode at the next step. It is the order an
+    uninterrupted collection writes them in, which a resumed one restores (:func:`turnrl.collect.run_policy`)."""
+    pending, slots = deque(indices), [None] * min(num_envs, len(indices))
+    left: dict[Any, int] = {}
+    out: list[Any] = []
+    while True:
+        for k, held in enumerate(slots):
+            if held is None and pending:
+                slots[k] = pending.popleft()
+                left[slots[k]] = max(1, turns[slots[k]])
+        if all(held is None for held in slots):
+            return out
+        for k, held in enumerate(slots):
+            if held is not None:
+                left[held] -= 1
+                if not left[held]:
+                    out.append(held)
+                    slots[k] = None
 
 
 class Sampler:
