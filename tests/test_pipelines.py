@@ -253,6 +253,31 @@ def test_invalid_reply_settings_reach_every_rollout_of_the_pipelines(tmp_path: P
         load_config(EtoConfig, overrides=["invalid_action=stop"])
 
 
+def test_a_comparison_on_another_env_takes_that_envs_prompt_and_options(tmp_path: Path) -> None:
+    """``pipeline: {env: bandit}`` kept the quickstart's tic-tac-toe instruction and history 0 (the
+    section was completed from the tic-tac-toe defaults before the pipeline's env defaults could apply),
+    as ``turnrl eto env=bandit`` does not; and SPPO's rows merged the pipeline's ``env_opts`` into
+    tic-tac-toe's, so they failed on an unknown ``opponent`` after the other rows had run."""
+    from types import SimpleNamespace
+
+    from turnrl.pipelines.compare import CompareConfig
+    from turnrl.pipelines.eto import EtoConfig
+    from turnrl.pipelines.sppo import compare_config
+
+    alone = load_config(EtoConfig, None, ["env=bandit"])
+    for overrides in (["pipeline.env=bandit"], ["pipeline.env=bandit", "pipeline.env_opts={arms: 3}"]):
+        pipe = load_config(CompareConfig, None, overrides).pipeline
+        assert (pipe.instruction, pipe.history) == (alone.instruction, alone.history) == (None, None)
+        run = SimpleNamespace(pipe=pipe, sft="sft-model", dir=tmp_path, cfg=SimpleNamespace(sppo={}))
+        assert compare_config(run).env_opts == pipe.env_opts
+    kept = load_config(CompareConfig, None, ["pipeline.env=bandit", "pipeline.history=2"]).pipeline
+    assert kept.history == 2
+    ttt = load_config(CompareConfig, None, ["pipeline.env_opts={opponent: minimax}"]).pipeline
+    assert ttt.instruction == EtoConfig().instruction and ttt.env_opts == {"opponent": "minimax"}
+    run = SimpleNamespace(pipe=ttt, sft="sft-model", dir=tmp_path, cfg=SimpleNamespace(sppo={}))
+    assert compare_config(run).env_opts == {"opponent": "minimax"}  # not tic-tac-toe's default ties added
+
+
 def test_eval_temperature_reaches_every_evaluation_but_best_of_n(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``eval_temperature`` is the temperature of the pipelines' evaluation games (0, greedy, by

@@ -212,6 +212,11 @@ def _fill(default: BaseModel, value: dict[str, Any]) -> dict[str, Any]:
     default's value, a nested model section is completed the same way, and any other value given
     (a free-form ``env_opts`` dict included) replaces the default's whole, so that ``env: bandit``
     with its own ``env_opts`` does not inherit tic-tac-toe's."""
+    # a section class whose defaults depend on a given key (a pipeline's ``env``: another env takes its own
+    # prompt and options) sets them from the given keys first, as its validator does for a whole config
+    env_defaults = getattr(type(default), "_env_defaults", None)
+    if env_defaults is not None:
+        value = env_defaults(dict(value))
     dumped = default.model_dump()
     out = {k: v for k, v in dumped.items() if k not in value}
     for key, v in value.items():

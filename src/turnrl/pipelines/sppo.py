@@ -265,6 +265,7 @@ def compare_config(run: Any, loss: str = "sppo") -> SPPOConfig:
     shared.update(model=run.sft, train_tasks=pipe.expert_episodes, iterations=pipe.iterations,
                   samples_per_task=pipe.samples_per_task, temperature=pipe.sample_temperature)
     data = merge(merge(SPPOConfig().model_dump(), shared), check_compare_section(getattr(run.cfg, "sppo", {})))
+    data["env_opts"] = dict(pipe.env_opts)  # the pipeline's whole: merged, tic-tac-toe's defaults would stay in
     return _validate({**data, "out": str(run.dir / _method_name(loss)), "loss": loss}).check()
 
 
