@@ -24,6 +24,7 @@ from turnrl.oracles import (
     make_oracle,
     preference_matrices,
     read_comparisons,
+    render_task,
     render_trajectory,
     score_samples,
     select_samples,
@@ -230,6 +231,20 @@ def test_pairwise_model_is_symmetric(small_pairwise) -> None:
     # the margin is antisymmetric in the model itself: f(a,b) - f(b,a) = -(f(b,a) - f(a,b))
     d = small_pairwise.margins([("g", a, b), ("g", b, a)])
     assert d[0] == -d[1]
+
+
+def test_the_pairwise_model_reads_the_tasks_first_observation(small_pairwise) -> None:
+    """The task part kept the first ``max_task_tokens`` tokens of instruction + first observation, and every
+    env's instruction is longer than that: a shop's goal (and a tic-tac-toe opening) never reached the model.
+    It keeps the end now, the first observation whole."""
+    enc = small_pairwise.encoder
+    (shop,) = run_policy(RandomPolicy(), "shop", episodes=1)
+    goal = next(m.content for m in shop.messages if m.role == "user")
+    assert len(enc._ids(render_task(shop))) > enc.s.max_task_tokens
+    assert len(enc.task_ids(shop)) == enc.s.max_task_tokens
+    task = " ".join(enc.tok.decode(enc.task_ids(shop)).split())  # the shop's pages repeat the goal: the task part
+    assert " ".join(goal.split()[:12]) in task                    # itself must hold it
+    assert enc.encode(shop, shop)[0][:len(enc.task_ids(shop))] == enc.task_ids(shop)
 
 
 def test_pairwise_model_save_load_roundtrip(small_pairwise, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ statistics under ``log_every``, first-token pooling on a causal critic encoder, 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -154,6 +155,20 @@ def test_online_accepts_what_its_algorithm_reads_and_shared_sizes() -> None:
     # CHAI loads its frozen actor as every actor is loaded: in half precision under actor.lora
     check_online_config(cfg("actor.lora.r=4", "actor.mixed_precision=bf16"), "chai")
     check_online_config(cfg("actor.lr=2e-4", "actor.lora.r=4", "bc_top=0.2", "bc_steps=3"), "filtered_bc")
+
+
+@pytest.mark.parametrize("setting", ["sampling.temperature=0.5", "sampling.top_p=0.9"])
+def test_archer_refuses_sampling_that_is_not_its_actors_policy(setting: str) -> None:
+    """ArCHer's actor step takes -A log pi (and its KL) at temperature 1 on the replies it samples; sampled at
+    another temperature or top_p they are not pi's, and a constant advantage then moved the policy. CHAI and
+    filtered BC, which take no policy-gradient step, keep the setting."""
+    from turnrl.train.archer import OnlineConfig, check_online_config
+
+    cfg = load_config(OnlineConfig, None, [*ONLINE, setting])
+    with pytest.raises(TurnRLError, match=rf"archer: {re.escape(setting)}: the actor's update"):
+        check_online_config(cfg, "archer")
+    for algo in ("chai", "filtered_bc"):
+        check_online_config(cfg, algo)
 
 
 # --------------------------------------------------------------------------- 4. critic: first-token pooling

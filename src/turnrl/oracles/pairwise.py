@@ -219,7 +219,11 @@ class PairEncoder:
         return ids
 
     def task_ids(self, traj: Trajectory) -> list[int]:
-        return self._ids(render_task(traj))[: self.s.max_task_tokens]
+        """The task's last ``max_task_tokens`` tokens: the first observation (a shop's goal, a game's
+        opening), and as much of the instruction before it as fits, as the judge clips it. The head of
+        the instruction alone (every env's is longer than the default 128) held nothing of the task."""
+        ids = self._ids(render_task(traj))
+        return ids[-self.s.max_task_tokens:] if len(ids) > self.s.max_task_tokens else ids
 
     def side_ids(self, traj: Trajectory) -> list[int]:
         ids = self._ids(render_trajectory(traj, final_observation=self.s.final_observation))

@@ -260,6 +260,12 @@ def check_online_config(cfg: OnlineConfig, algo: str | None = None) -> None:
                           "is)")
     if algo is None:
         return
+    if algo == "archer":  # the actor's -A log pi and its KL are taken at temperature 1 on replies sampled from pi
+        for key, value in (("temperature", cfg.sampling.temperature), ("top_p", cfg.sampling.top_p)):
+            if value != 1.0:
+                raise TurnRLError(f"archer: sampling.{key}={value:g}: the actor's update takes log pi at temperature "
+                                  "1 of replies sampled with these settings, so any other would bias it; leave it at 1 "
+                                  "(eval_temperature sets the evaluation's)")
     unread = unread_settings(cfg, algo)
     if unread:
         raise TurnRLError(f"{algo} does not read {', '.join(unread)}; leave {'it' if len(unread) == 1 else 'them'} "
