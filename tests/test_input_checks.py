@@ -93,7 +93,11 @@ def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> 
     assert demos.read_text() == before
     code, out, _ = run(collect + ["--policy", "expert", "--episodes", "8"], capsys)  # the same run resumes
     assert code == 0 and "8 episodes" in out
-    assert demos.read_text().startswith(before) and len(demos.read_text().splitlines()) == 8
+    assert set(before.splitlines()) < set(demos.read_text().splitlines()) and len(demos.read_text().splitlines()) == 8
+    fresh = tmp_path / "fresh.jsonl"  # and the file is the one an uninterrupted collection of 8 writes
+    assert run(["collect", "--env", "tictactoe", "--out", str(fresh), "--policy", "expert", "--episodes", "8"],
+               capsys)[0] == 0
+    assert demos.read_bytes() == fresh.read_bytes()
 
 
 def test_resume_compares_env_options_as_the_file_reads_them(tmp_path: Path) -> None:

@@ -336,6 +336,26 @@ def test_history_reaches_sft_and_rft_as_it_reaches_rollouts_and_preference_train
     assert seen == [2, 2]
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["step_turns=all"], "step_turns=all chooses the turns of step-wise exploration; pairs=trajectory explores none"),
+    (["pairs=takeover", "step_turns=all"], "pairs=takeover explores none"),
+    (["self_play=true", "explore_temperature=0.5"], "explore_temperature=0.5: self_play samples the tasks at "
+                                                     "sample_temperature"),
+    (["train.gamma=0.1"], "train.gamma=0.1: read by loss=dmpo only, and this pipeline trains with loss=dpo"),
+    (["loss=ipo", "train.eta=5"], "train.eta=5.0: read by loss=sppo only, and this pipeline trains with loss=ipo"),
+    (["loss=dmpo", "train.sppo_variant=hard"], "train.sppo_variant=hard: read by loss=sppo only"),
+])
+def test_eto_refuses_settings_nothing_of_the_run_reads(overrides: list[str], message: str) -> None:
+    """Each was accepted and changed nothing (``truncate_k`` with step pairs was already refused)."""
+    from turnrl.pipelines.eto import EtoConfig
+
+    with pytest.raises(TurnRLError, match=re.escape(message)):
+        load_config(EtoConfig, None, overrides).check()
+    for ok in (["pairs=step", "step_turns=all"], ["pairs=mixed", "step_turns=all"], ["loss=dmpo", "train.gamma=0.1"],
+               ["self_play=true", "sample_temperature=0.5"]):
+        load_config(EtoConfig, None, ok).check()
+
+
 def test_config_cross_checks() -> None:
     from turnrl.pipelines.compare import CompareConfig, _check
     from turnrl.pipelines.eto import EtoConfig

@@ -19,7 +19,7 @@ turns, the agent plays on from turn ``t``; one random ``t`` a task), ``mixed`` (
 every ``t``, in ``OUT/iter-i/takeover.jsonl``; the latest takeover that returns more than the
 agent's game is its winner, trained from turn ``t``: :func:`turnrl.data.pairs.takeover_pairs`);
 losers ``noisy`` (all) or ``clean`` (degenerate losers dropped, DMPO's setting); ``self_play``
-(no expert in exploration or pairs: ``samples_per_task`` samples a task at temperature 1;
+(no expert in exploration or pairs: ``samples_per_task`` samples a task at ``sample_temperature``;
 iteration 1 is RFT on the successful samples, later iterations pair each task's best and worst
 sample). Baselines: :func:`best_of_n` and :func:`rft`.
 
@@ -251,6 +251,19 @@ class EtoConfig(AgentPipelineConfig):
         if self.self_play and self.samples_per_task < 2:
             raise TurnRLError(f"self_play pairs a task's own samples: samples_per_task must be >= 2 (got "
                               f"{self.samples_per_task})")
+        # settings that nothing of this run would read: one line each, as truncate_k's above
+        if self.step_turns != "random" and self.pairs not in ("step", "mixed"):
+            raise TurnRLError(f"step_turns={self.step_turns} chooses the turns of step-wise exploration; "
+                              f"pairs={self.pairs} explores none: remove step_turns")
+        if self.self_play and self.explore_temperature != type(self).model_fields["explore_temperature"].default:
+            raise TurnRLError(f"explore_temperature={self.explore_temperature:g}: self_play samples the tasks at "
+                              "sample_temperature; set that instead")
+        default = type(self).model_fields["train"].default
+        for key, reader in (("gamma", "dmpo"), ("eta", "sppo"), ("sppo_variant", "sppo")):
+            value = getattr(self.train, key)
+            if reader != self.loss and value not in (getattr(default, key), type(self.train).model_fields[key].default):
+                raise TurnRLError(f"train.{key}={value}: read by loss={reader} only, and this pipeline trains with "
+                                  f"loss={self.loss}: remove it")
         return self
 
 
