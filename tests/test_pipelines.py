@@ -436,6 +436,12 @@ def test_sppo_settings_that_would_fail_or_do_nothing_late_are_refused_up_front()
         with pytest.raises(TurnRLError, match=rf"section sppo: '{key}' would have no effect.*set pipeline\.{key}$"):
             _check(CompareConfig(methods=["sppo"], sppo={key: value}))
     _check(CompareConfig(methods=["sppo"], sppo={"oracle": {"kind": "env_reward", "tau": 0.5}}))
+    # a train.loss no row takes, and no iteration, failed (or gave no record) only at the sppo rows
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train\.loss=ipo is not used"):
+        _check(CompareConfig(methods=["sppo", "sppo_dpo"], sppo={"train": {"loss": "ipo"}}))
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: iterations=0: the sppo rows need at least 1"):
+        _check(CompareConfig(methods=["sppo"], sppo={"iterations": 0}))
+    _check(CompareConfig(methods=["sppo", "sppo_dpo"], sppo={"train": {"loss": "sppo"}, "iterations": 2}))
 
 
 def test_compare_sft_seed_trains_one_start_for_every_seed(tiny_dir: Path, tmp_path: Path) -> None:

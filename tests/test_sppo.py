@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +83,14 @@ def test_config_errors(capsys, tmp_path: Path) -> None:
     SPPOConfig.model_validate({"loss": "dpo", "train": {"loss": "dpo"}}).check()  # the baseline, said twice
     with pytest.raises(TurnRLError, match=r"^oracle\.model=m is not used by oracle\.kind=env_reward"):
         SPPOConfig.model_validate({"oracle": {"model": "m"}}).check()
+    # settings the chosen oracle kind does not read were accepted and did nothing
+    for oracle, said in (({"tau": 0.5, "kind": "judge", "model": "tiny"}, "oracle.tau=0.5 is not used by oracle.kind=judge"),
+                         ({"batch_size": 2}, "oracle.batch_size=2 is not used by oracle.kind=env_reward"),
+                         ({"max_tokens": 64}, "oracle.max_tokens=64 is not used by oracle.kind=env_reward")):
+        with pytest.raises(TurnRLError, match="^" + re.escape(said)):
+            SPPOConfig.model_validate({"oracle": oracle}).check()
+    SPPOConfig.model_validate({"oracle": {"tau": 0.5}}).check()
+    SPPOConfig.model_validate({"oracle": {"kind": "judge", "model": "tiny", "max_tokens": 64, "batch_size": 2}}).check()
     bad = tmp_path / "c.yaml"
     bad.write_text("oracle: {kind: pairwise}\n")
     code, _, err = run(["sppo", "--config", str(bad)], capsys)

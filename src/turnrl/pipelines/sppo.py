@@ -99,11 +99,19 @@ class SPPOConfig(AgentPipelineConfig):
     def check_oracle(self) -> None:
         """Before any work (the oracle is built after SFT and sampling): one line for a model
         oracle without ``oracle.model`` or with a path that is no such model, and for an
-        ``oracle.model`` the env-reward oracle would ignore."""
+        ``oracle.*`` setting the chosen kind would ignore (``model`` and ``batch_size`` with the
+        env-reward oracle, ``tau`` with a model oracle, ...)."""
         from turnrl.models.loading import check_model_name
         from turnrl.oracles.pairwise import check_pairwise_folder
 
         kind, model = self.oracle.kind, self.oracle.model
+        readers = {"tau": ("env_reward",), "max_tokens": ("judge",), "batch_size": ("pairwise_model", "judge"),
+                   "device": ("pairwise_model", "judge")}
+        for key, kinds in readers.items():
+            value = getattr(self.oracle, key)
+            if kind not in kinds and value != type(self.oracle).model_fields[key].default:
+                raise TurnRLError(f"oracle.{key}={value} is not used by oracle.kind={kind} (only by "
+                                  f"{' and '.join(kinds)}): remove it")
         if kind == "env_reward":
             if model is not None:
                 raise TurnRLError(f"oracle.model={model} is not used by oracle.kind=env_reward; set oracle.kind "
@@ -310,6 +318,11 @@ def check_compare_section(section: dict[str, Any], losses: Sequence[str] = ()) -
             raise TurnRLError(f"compare config, section sppo: '{key}' would have no effect: SPPO starts from the "
                               f"seed's SFT agent; set pipeline.{key}")
     cfg = _validate(merge(SPPOConfig().model_dump(), section))
+    if cfg.train.loss not in ("sppo", "dpo"):  # what the rows' losses take (the pipeline's check, at a row's start)
+        raise TurnRLError(f"compare config, section sppo: train.loss={cfg.train.loss} is not used: the sppo rows "
+                          "train with sppo and the sppo_dpo rows with dpo; remove train.loss")
+    if cfg.iterations < 1:
+        raise TurnRLError(f"compare config, section sppo: iterations={cfg.iterations}: the sppo rows need at least 1")
     try:
         cfg.check_oracle()
         cfg.check_trainer_sections(in_compare=True)
