@@ -147,6 +147,34 @@ def test_shaped_rewards_from_expected_rewards_by_hand() -> None:
         PPOConfig(reward_source="mean")  # type: ignore[arg-type]
 
 
+def test_exploration_bonus_and_coverage_count_arms_under_randomized_labels() -> None:
+    """Under ``randomize_labels`` a label names another arm at every step. The bonus and coverage counted
+    labels: a policy that pulls arm 0 every step earned the bonus on 3 of 10 steps and a coverage of 0.6.
+    The sampler records the arm the env pulled (``meta["arms"]``), and both count it."""
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.rollout.policies import Reply
+    from turnrl.rollout.sampler import EpisodeSpec, Sampler
+    from turnrl.train.ppo import _coverage, shaped_rewards
+
+    class Arm0:
+        name = "arm0"
+
+        def act(self, requests: Any) -> list[Reply]:
+            return [Reply(f"ACTION={r.env.labels_now()[0]}") for r in requests]
+
+    opts = {"arms": 5, "horizon": 10, "randomize_labels": True}
+    task = envs.make("bandit", **opts).task_ids("train")[0]
+    sampler = Sampler(lambda: envs.make("bandit", **opts), Arm0(), env_name="bandit", num_envs=1,
+                      prompt=PromptConfig(history=0))
+    (traj,) = sampler.run([EpisodeSpec(0, "train", task, 123)])
+    sampler.close()
+    assert len({m.action for m in traj.messages if m.role == "assistant"}) > 1  # several labels ...
+    assert traj.meta["arms"] == [0] * 10  # ... of one arm
+    _, stats = shaped_rewards([traj], PPOConfig(exploration_bonus=1.0, reward_norm=False))
+    assert stats["bonus_rate"] == pytest.approx(1 / 10)
+    assert _coverage(traj, opts, "bandit") == pytest.approx(1 / 5)
+
+
 def test_ppo_trains_on_expected_rewards_from_the_same_rollout(tiny_dir: Path, tmp_path: Path) -> None:
     """The first rollout is the same episodes either way, and both sources are scaled by the sampled
     rewards' std (the arms' means spread less: scaling them by their own std would weigh the penalty

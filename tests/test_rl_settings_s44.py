@@ -282,4 +282,17 @@ def test_ppo_refuses_kl_settings_with_the_kl_term_off(key: str, value: str) -> N
         _check(_ppo_cfg(beta_kl=0.0, **{key: value}), "bandit")
     _check(_ppo_cfg(beta_kl=0.1, **{key: value}), "bandit")
     _check(_ppo_cfg(beta_kl=0.0), "bandit")
+
+
+def test_ppo_refuses_up_front_what_failed_or_did_nothing_after_a_rollout() -> None:
+    """``reward_source=expected`` on an env without expected rewards failed after the first rollout (an empty
+    metrics file left); ``epsilon=1`` made every turn a random, untrained one: nothing trained."""
+    from turnrl.train.ppo import _check
+
+    with pytest.raises(TurnRLError, match=r"ppo: reward_source=expected: env 'tictactoe' does not report"):
+        _check(_ppo_cfg(reward_source="expected"), "tictactoe")
+    _check(_ppo_cfg(reward_source="expected"), "bandit")
+    with pytest.raises(TurnRLError, match=r"ppo: epsilon=1: every turn would be a random action"):
+        _check(_ppo_cfg(epsilon=1.0), "bandit")
+    _check(_ppo_cfg(epsilon=0.99), "bandit")
     _check(_ppo_cfg(), "bandit")

@@ -88,6 +88,9 @@ class _Slot:
     #: per turn, the env's ``info["expected_reward"]`` (+ the same penalty as ``rewards``); None
     #: where the env did not report one
     expected: list[float | None] = field(default_factory=list)
+    #: per turn, the arm the env reports it pulled (``info["arm"]``, the bandits: under
+    #: ``randomize_labels`` a label names another arm at every step); None where nothing was executed
+    arms: list[int | None] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     #: the env's last observation (of ``reset`` or ``step``): what an error observation repeats
     obs: str = ""
@@ -217,6 +220,7 @@ class Sampler:
         slot.messages = [system_message(slot.env.instruction, self.prompt), Message("user", obs)]
         slot.rewards = []
         slot.expected = []
+        slot.arms = []
         slot.info = dict(info)
         slot.obs = obs
         slot.turn = 0
@@ -251,11 +255,13 @@ class Sampler:
         if executed is None and not parsed.valid and cfg.invalid_action == "end":
             slot.rewards.append(penalty)
             slot.expected.append(penalty)
+            slot.arms.append(None)
             terminated = True
             obs = "Episode ended: invalid action."
         elif executed is None:
             slot.rewards.append(penalty)
             slot.expected.append(penalty)
+            slot.arms.append(None)
             shown = ", ".join(valid_actions) if valid_actions else "see the instruction"
             # the state is unchanged: repeat it, so that an agent that sees no history still sees it
             obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}. Nothing changed:\n{slot.obs}"
@@ -272,6 +278,8 @@ class Sampler:
             slot.rewards.append(float(reward) + penalty)
             expected = info.get("expected_reward")
             slot.expected.append(None if expected is None else float(expected) + penalty)
+            arm = info.get("arm")
+            slot.arms.append(None if arm is None or info.get("invalid") else int(arm))
             slot.info = dict(info)
             if not info.get("invalid"):  # a rejected action left the state as it was
                 slot.obs = obs
@@ -305,7 +313,8 @@ class Sampler:
                   **({"expert_turns": slot.spec.expert_turns} if slot.spec.expert_turns else {}),
                   **({"replayed_turns": len(slot.spec.replay)} if slot.spec.replay else {}),
                   **({"expected_rewards": list(slot.expected)}
-                     if "expected_reward" in info and None not in slot.expected else {})},
+                     if "expected_reward" in info and None not in slot.expected else {}),
+                  **({"arms": list(slot.arms)} if any(a is not None for a in slot.arms) else {})},
         )
 
 

@@ -85,8 +85,8 @@ Departures from the paper (and why):
 * epsilon-greedy turns are executed but not trained on (the model did not write them); with
   GAE their states still get the value head's estimate (before 28 Nov 2026 they entered GAE
   with V = 0). A turn too long for ``max_length`` is neither trained nor valued (V = 0).
-* A reply cut by the thinking budget is trained with the template's end-of-turn token
-  appended, which the model did not sample; its old log-prob is recomputed like the rest.
+* A reply cut by the thinking budget ends with the template's end-of-turn marker as context,
+  untrained (the model did not sample it); the tokens it did sample are trained as any reply's.
 * The value head is a plain linear layer on the policy's last hidden state (shared
   trunk, no separate critic network); a truncated episode bootstraps with 0. By default
   its loss trains the trunk too; ``value_trunk=false`` stops it at the head.
@@ -456,22 +456,32 @@ def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[li
     bonus_n = invalid_n = 0
     for t, t_rewards in zip(trajs, base, strict=True):
         turns = [m for m in t.messages if m.role == "assistant"]
-        seen: set[str] = set()
+        seen: set[Any] = set()
         rs = []
-        for r, m in zip(t_rewards, turns, strict=False):
+        for r, m, what in zip(t_rewards, turns, _executed(t, turns), strict=False):
             x = r * scale
             if m.valid is False:
                 x += cfg.invalid_penalty
                 invalid_n += 1
-            elif cfg.exploration_bonus and m.action is not None and m.action not in seen:
+            elif cfg.exploration_bonus and what is not None and what not in seen:
                 x += cfg.exploration_bonus
                 bonus_n += 1
-            if m.action is not None:
-                seen.add(m.action)
+            if what is not None:
+                seen.add(what)
             rs.append(x)
         out.append(rs)
     n = max(1, len(env_r))
     return out, {"reward_scale": scale, "bonus_rate": bonus_n / n, "invalid_rate": invalid_n / n}
+
+
+def _executed(t: Trajectory, turns: Sequence[Any]) -> list[Any]:
+    """What each turn executed, as the exploration bonus and coverage count it: the arm the env pulled
+    where it reports one (``meta["arms"]``: under the bandits' ``randomize_labels`` one label names another
+    arm at every step), else the action played."""
+    arms = t.meta.get("arms")
+    if isinstance(arms, list) and len(arms) == len(turns):
+        return list(arms)
+    return [m.action for m in turns]
 
 
 def _base_rewards(t: Trajectory, source: str) -> list[float]:
@@ -725,8 +735,8 @@ class PPORunner:
 
 def _coverage(traj: Trajectory, env_opts: dict[str, Any], env_name: str) -> float:
     arms = int(env_opts.get("arms", env_opts.get("items", 10 if env_name == "bandit" else 5)))
-    acts = {m.action for m in traj.messages if m.role == "assistant" and m.action is not None}
-    return len(acts) / arms
+    turns = [m for m in traj.messages if m.role == "assistant"]
+    return len({a for a in _executed(traj, turns) if a is not None}) / arms
 
 
 # --------------------------------------------------------------------------- entry point
@@ -786,6 +796,12 @@ def _check(cfg: PPOConfig, env_name: str) -> None:
     if not cfg.eval_every and cfg.eval_split != PPOConfig.model_fields["eval_split"].default:
         raise TurnRLError(f"ppo: eval_split={cfg.eval_split}: evaluation is off (eval_every=0); set eval_every and "
                           "eval_episodes or leave it out")
+    if cfg.reward_source == "expected" and env_name not in BANDIT_ENVS:  # else found after a whole first rollout
+        raise TurnRLError(f"ppo: reward_source=expected: env {env_name!r} does not report the expected reward of its "
+                          f"steps (the bandit envs do: {', '.join(BANDIT_ENVS)}); use reward_source=env")
+    if cfg.epsilon == 1.0:
+        raise TurnRLError("ppo: epsilon=1: every turn would be a random action, and those are not trained on; "
+                          "give an epsilon below 1")
     envs.make(env_name, **cfg.env_opts).close()  # unknown env / bad option: one line
 
 
