@@ -353,6 +353,19 @@ def test_pairs_and_comparisons_refuse_an_input_as_out_and_tau_without_scored(tmp
                                 str(tmp_path / "p.jsonl"), "--tau", "-5"], capsys)[:3:2])
     assert "--tau -5.0: the oracle temperature of --scored samples" in line
     assert not (tmp_path / "p.jsonl").exists()
+    # --expert with self-play pairs was ignored; no pair at all wrote an empty file and exited 0
+    line = one_line_error(*run(["pairs", "--explored", str(agent), "--expert", str(expert), "--mode", "self-play",
+                                "--out", str(tmp_path / "p.jsonl")], capsys)[:3:2])
+    assert "--expert: --mode self-play pairs the explored samples with each other" in line
+    line = one_line_error(*run(["pairs", "--explored", str(expert), "--expert", str(expert), "--out",
+                                str(tmp_path / "p.jsonl")], capsys)[:3:2])  # the expert never loses to itself
+    assert line.startswith(f"error: no pairs from {expert}, {expert}") and line.endswith(f"nothing written to "
+                                                                                      f"{tmp_path / 'p.jsonl'}")
+    assert not (tmp_path / "p.jsonl").exists()
+    # a shorter collection into a longer one's file says what the file holds
+    code, out, _ = run(["collect", "--env", "tictactoe", "--policy", "random", "--episodes", "2", "--out", str(agent)],
+                       capsys)
+    assert code == 0 and f"2 episodes of the 3 in {agent}" in " ".join(out.split()), out
 
 
 def test_model_only_options_with_a_scripted_policy_are_refused(tmp_path: Path, capsys) -> None:

@@ -577,7 +577,13 @@ def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path, monkeypa
     design, or changed settings, is a one-line error naming the folder and the changed keys, not a
     silent mix of stale stages."""
     import turnrl.greedy_study as g
+    from turnrl.pipelines.iterative import check_settings
 
+    # --report-only reports an earlier study's rows: on a folder with none it began one and reported nothing
+    with pytest.raises(TurnRLError, match=r"new: holds no study \(no settings\.json\); --report-only reports"):
+        g.run_study(tmp_path / "new", fast=True, parts=("bandit",), report_only=True)
+    assert not (tmp_path / "new").exists()
+    check_settings(tmp_path, {"design": "fast", "config": g.FAST})  # what a study's first run records
     g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)
     g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)  # the same again: fine
     with pytest.raises(TurnRLError, match=r"made with other settings \(design: \"fast\", now \"knowing-doing\""):

@@ -655,6 +655,8 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     say = log or (lambda s: None)
     cfg = DESIGNS[design] if not fast else FAST
     out = Path(out)
+    if report_only and not (out / "settings.json").is_file():  # else it began a new study and reported nothing
+        raise TurnRLError(f"{out}: holds no study (no settings.json); --report-only reports an earlier run's rows")
     out.mkdir(parents=True, exist_ok=True)
     # stages skip outputs that exist, so a folder holds one study: its design and settings are
     # recorded in settings.json and another design or changed settings is a one-line error

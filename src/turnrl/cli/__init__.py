@@ -226,7 +226,10 @@ def collect(
                            num_envs=num_envs, seed=seed, out=out, progress=advance, workers=workers,
                            worker_backend=worker_backend, prompt=prompt)
     r = summarize(trajs, policy=policy, env=env, split=split)
-    console.print(f"{len(trajs)} episodes in {out}: avg return {r['avg_reward']:.3f}, "
+    with open(out, "rb") as f:
+        held = sum(1 for line in f if line.strip())
+    where = f"in {out}" if held == len(trajs) else f"of the {held} in {out} (an earlier, longer collection's)"
+    console.print(f"{len(trajs)} episodes {where}: avg return {r['avg_reward']:.3f}, "
                   f"success {r['success_rate']:.2f}, invalid actions {r['invalid_action_rate']:.2f}")
 
 
@@ -395,6 +398,9 @@ def pairs(
             raise TurnRLError(f"--tau must be > 0 (got {tau})")
         records = P.scored_samples(explored_trajs, tau=tau)
     elif mode == "self-play":
+        if expert:
+            raise TurnRLError("--expert: --mode self-play pairs the explored samples with each other (it would be "
+                              "ignored); drop it")
         records = P.self_play_pairs(explored_trajs, losers=losers, stats=stats)  # type: ignore[arg-type]
     else:
         if not expert:
@@ -411,9 +417,12 @@ def pairs(
                 raise TurnRLError("--mode takeover needs --takeovers (turnrl eto's iter-i/takeover.jsonl)")
             records += P.takeover_pairs(experts, explored_trajs, [t for f in takeovers for t in read_trajectories(f)],
                                         losers=losers, stats=stats)  # type: ignore[arg-type]
-    write_jsonl(out, records)
     what = "scored samples" if scored else "pairs"
     extra = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "pairs")
+    if not records:  # an empty file would only fail later, at training
+        raise TurnRLError(f"no {what} from {', '.join(map(str, [*explored, *(expert or [])]))}"
+                          + (f" ({extra})" if extra else "") + f"; nothing written to {out}")
+    write_jsonl(out, records)
     console.print(f"wrote {len(records)} {what} to {out}" + (f" ({extra})" if extra else ""))
 
 

@@ -56,7 +56,7 @@ def study_greedy_cmd(
                                               callback=out_dir)] = None,
     part: Annotated[list[str] | None, typer.Option(help="bandit and/or tictactoe (default both).")] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes for independent stages (one thread each).")] = 1,
-    report_only: Annotated[bool, typer.Option(help="Train and evaluate nothing (the scripted data is still collected); report the rows whose evaluations exist.")] = False,
+    report_only: Annotated[bool, typer.Option(help="Train and evaluate nothing; report the rows of the study in --out whose evaluations exist.")] = False,
     design: Annotated[str, typer.Option(help="Bandit design: commit (23-24 Nov), knowing-doing, best-summary, untried-copy or narrow-gap (docs/rlft.md).")] = "commit",
 ) -> None:
     """The greedy-agents study: untrained, greedy-like SFT, UCB/minimax SFT, RLFT, RLFT + bonus."""
