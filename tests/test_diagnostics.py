@@ -264,6 +264,10 @@ def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path) -> No
                                                                         env_opts={"horizon": 20}))
     assert data["plots"] == ["regret.png", "coverage.png"]
     assert all("knowing_doing" not in r and "frequency_bias" not in r for r in data["policies"])
+    # a rerun into a folder an earlier diagnosis drew more plots in leaves only its own
+    (tmp_path / "cb" / "knowing_doing.png").write_bytes(b"an earlier run's plot")
+    diagnose(["linucb"], tmp_path / "cb", DiagnoseConfig(env="contextual_bandit", instances=2, env_opts={"horizon": 5}))
+    assert sorted(p.name for p in (tmp_path / "cb").glob("*.png")) == ["coverage.png", "regret.png"]
 
 
 @pytest.mark.slow  # about 2 minutes of one core; CI runs it (smoke tests are run by hand)

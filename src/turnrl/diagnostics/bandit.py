@@ -648,8 +648,15 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
     if kd:
         pngs.append(plots.plot_knowing_doing(kd, out / "knowing_doing.png"))
     result["plots"] = [p.name for p in pngs]
+    for name in PLOTS:  # an earlier run's plot this one did not draw would read as this run's
+        if name not in result["plots"]:
+            (out / name).unlink(missing_ok=True)
     _write_json(out / "diagnostics.json", result)
     return result
+
+
+#: every plot ``diagnose`` may write
+PLOTS = ("regret.png", "coverage.png", "frequency_bias.png", "knowing_doing.png")
 
 
 def _title(env: Any, cfg: DiagnoseConfig) -> str:
