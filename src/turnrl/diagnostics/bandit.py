@@ -647,9 +647,10 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
     kd = {r["policy"]: r["knowing_doing"] for r in records if "knowing_doing" in r}
     if kd:
         pngs.append(plots.plot_knowing_doing(kd, out / "knowing_doing.png"))
-    result["plots"] = [p.name for p in pngs]
+    drawn = [p.name for p in pngs]
+    result["plots"] = drawn
     for name in PLOTS:  # an earlier run's plot this one did not draw would read as this run's
-        if name not in result["plots"]:
+        if name not in drawn:
             (out / name).unlink(missing_ok=True)
     _write_json(out / "diagnostics.json", result)
     return result
