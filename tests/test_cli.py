@@ -323,6 +323,15 @@ def test_diagnose_checks_every_policy_before_any_work(tmp_path: Path, capsys, mo
     code, _, err = run(["diagnose", "bandit", "--policy", "random", "--policy", str(tmp_path / "nope"),
                         "--out", str(out)], capsys)
     assert "--policy: model path not found" in one_line_error(code, err)
+    # a model-only option with scripted policies alone was ignored; a bad sampling value was found only when
+    # the first model loaded, after the scripted policies before it had run
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--temperature", "0.7", "--fb-rationale",
+                        "--out", str(out)], capsys)
+    assert one_line_error(code, err).endswith("--temperature, --fb-rationale: they change model policies only, and "
+                                              "every --policy is scripted (it would be ignored); leave them out")
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--policy", "tiny", "--temperature", "inf",
+                        "--out", str(out)], capsys)
+    assert "--temperature inf: must be a finite number >= 0" in one_line_error(code, err)
     assert not out.exists()
 
 

@@ -20,6 +20,7 @@ import typer
 
 from turnrl.cli.options import Seed, out_dir
 from turnrl.cli.output import console
+from turnrl.errors import TurnRLError
 
 diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnostics (regret, coverage, "
                                                       "frequency bias, knowing-doing gap).")
@@ -27,6 +28,7 @@ diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnosti
 
 @diagnose_app.command("bandit")
 def diagnose_bandit(
+    ctx: typer.Context,
     policy: Annotated[list[str], typer.Option(
         "--policy", help="Scripted algorithm (ucb, ucb:c=2, thompson, epsilon-greedy:eps=0.1, greedy, random, "
                          "linucb) or a model directory / hub id / tiny. Repeatable.")],
@@ -57,7 +59,8 @@ def diagnose_bandit(
     from turnrl.config import parse_overrides
     from turnrl.diagnostics.bandit import DiagnoseConfig, diagnose
 
-    _check_policies(policy)
+    models = _check_policies(policy)
+    _check_model_options(ctx, models, temperature, max_new_tokens)
     cfg = DiagnoseConfig(
         env=env, env_opts=parse_overrides(env_opt, what="--env-opt"), instances=instances, split=split, seed=seed,
         runs=runs, num_envs=num_envs, temperature=temperature, max_new_tokens=max_new_tokens, aids=list(aid or []),
@@ -70,20 +73,52 @@ def diagnose_bandit(
     console.print(f"wrote {out / 'diagnostics.json'} and {', '.join(result['plots'])}")
 
 
-def _check_policies(specs: list[str]) -> None:
+def _check_policies(specs: list[str]) -> list[str]:
     """Every ``--policy`` before any work (a typo in the second would otherwise surface after the
     first had run): a scripted spec is built, a model name checked for typos of the built-in
-    names (``thompsn``) and, when it is a local path, for a model folder."""
+    names (``thompsn``) and, when it is a local path, for a model folder. Returns the model specs."""
     from turnrl.bandits.algorithms import is_algorithm_spec, make_algorithm
     from turnrl.models.loading import TINY, check_model_name
     from turnrl.rollout.policies import _check_not_a_typo
 
+    models = []
     for spec in specs:
         if is_algorithm_spec(spec):
             make_algorithm(spec)
-        elif spec != TINY:
+            continue
+        if spec != TINY:
             _check_not_a_typo(spec)
             check_model_name(spec, "--policy")
+        models.append(spec)
+    return models
+
+
+#: the options only a model policy reads
+MODEL_OPTIONS = ("temperature", "max_new_tokens", "device", "fb_rationale")
+
+
+def _check_model_options(ctx: typer.Context, models: list[str], temperature: float, max_new_tokens: int) -> None:
+    """Before any work: the sampling settings' values (else checked when the first model loads, after the
+    scripted policies before it had run), and a model-only option given with no model policy (ignored)."""
+    from pydantic import ValidationError
+
+    from turnrl.rollout import SamplingConfig
+
+    try:
+        SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0]) if err.get("loc") else "temperature"
+        value = temperature if key == "temperature" else max_new_tokens
+        raise TurnRLError(f"--{key.replace('_', '-')} {value}: {err['msg'].removeprefix('Value error, ')}") from None
+    if models:
+        return
+    given = [f"--{name.replace('_', '-')}" for name in MODEL_OPTIONS
+             if (src := ctx.get_parameter_source(name)) is not None and src.name == "COMMANDLINE"]
+    if given:
+        one = len(given) == 1
+        raise TurnRLError(f"{', '.join(given)}: {'it changes' if one else 'they change'} model policies only, and "
+                          f"every --policy is scripted (it would be ignored); leave {'it' if one else 'them'} out")
 
 
 def summary_table(result: dict[str, Any]) -> Any:
