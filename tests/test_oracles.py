@@ -193,6 +193,10 @@ def test_comparisons_cli_without_any_pair_is_a_one_line_error(tmp_path: Path, ca
     assert "different returns" in one_line_error(code, err) and not out.exists()
     code, out_text, err = run(["comparisons", "--trajectories", str(tied), "--out", str(out)], capsys)
     assert code == 0 and "wrote 1 comparisons" in out_text and len(read_comparisons(out)) == 1
+    # the command's own output passes `turnrl data validate` (it was "unknown schema 'turnrl.comparison/v1'")
+    code, out_text, _ = run(["data", "validate", str(out)], capsys)
+    assert code == 0 and json.loads(out_text) == {"path": str(out), "records": 1, "comparisons": 1, "tasks": 1,
+                                                  "avg_label": 0.5}
 
 
 # ------------------------------------------------------------------------ pairwise model

@@ -108,10 +108,20 @@ def envs_check(name: str, env_opt: EnvOpt = None, episodes: Episodes = 3) -> Non
 # ------------------------------------------------------------------------------ data
 @data_app.command("validate")
 def data_validate(path: Path) -> None:
-    """Validate a trajectory or pair file; print counts."""
-    from turnrl.data.io import summarize
+    """Validate a trajectory, pair or comparison file (``turnrl comparisons``); print counts."""
+    from turnrl.data.io import iter_jsonl, summarize
+    from turnrl.oracles import COMPARISON_SCHEMA, read_comparisons
 
-    summary = summarize(path)
+    first = next(iter_jsonl(path), None) if path.is_file() else None
+    if first is not None and first[1].get("schema") == COMPARISON_SCHEMA:
+        comparisons = read_comparisons(path)
+        summary: dict[str, Any] = {
+            "path": str(path), "records": len(comparisons), "comparisons": len(comparisons),
+            "tasks": len({c.task_id for c in comparisons}),
+            "avg_label": sum(c.label for c in comparisons) / len(comparisons),
+        }
+    else:
+        summary = summarize(path)
     console.print_json(json.dumps(summary))
 
 
