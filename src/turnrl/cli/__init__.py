@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from turnrl.cli.diagnose import diagnose_app
-from turnrl.cli.options import Seed, out_dir, out_file
+from turnrl.cli.options import Seed, out_dir, out_file, refuse_model_options
 from turnrl.cli.output import console, err_console
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
@@ -171,15 +171,9 @@ def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | N
 def _check_scripted(ctx: typer.Context, policy: Any, spec: str) -> None:
     """One line for a model-only option given on the command line with a scripted policy
     (``expert``, ``random``, ``ucb``...), which would ignore it."""
-    if hasattr(policy, "engine"):
-        return
-    sources = {name: ctx.get_parameter_source(name) for name in ("temperature", "max_new_tokens", "history", "engine")}
-    given = [f"--{name.replace('_', '-')}" for name, source in sources.items()
-             if source is not None and source.name == "COMMANDLINE"]
-    if given:
-        one = len(given) == 1
-        raise TurnRLError(f"{', '.join(given)}: {'it changes' if one else 'they change'} model policies only, and "
-                          f"policy '{spec}' is scripted (it would be ignored); leave {'it' if one else 'them'} out")
+    if not hasattr(policy, "engine"):
+        refuse_model_options(ctx, ("temperature", "max_new_tokens", "history", "engine"),
+                             f"policy '{spec}' is scripted")
 
 
 def _sampling_seeded(policy: Any, seed: int) -> Any:

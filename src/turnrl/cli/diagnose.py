@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from turnrl.cli.options import Seed, out_dir
+from turnrl.cli.options import Seed, out_dir, refuse_model_options
 from turnrl.cli.output import console
 from turnrl.errors import TurnRLError
 
@@ -111,14 +111,8 @@ def _check_model_options(ctx: typer.Context, models: list[str], temperature: flo
         key = str(err["loc"][0]) if err.get("loc") else "temperature"
         value = temperature if key == "temperature" else max_new_tokens
         raise TurnRLError(f"--{key.replace('_', '-')} {value}: {err['msg'].removeprefix('Value error, ')}") from None
-    if models:
-        return
-    given = [f"--{name.replace('_', '-')}" for name in MODEL_OPTIONS
-             if (src := ctx.get_parameter_source(name)) is not None and src.name == "COMMANDLINE"]
-    if given:
-        one = len(given) == 1
-        raise TurnRLError(f"{', '.join(given)}: {'it changes' if one else 'they change'} model policies only, and "
-                          f"every --policy is scripted (it would be ignored); leave {'it' if one else 'them'} out")
+    if not models:
+        refuse_model_options(ctx, MODEL_OPTIONS, "every --policy is scripted")
 
 
 def summary_table(result: dict[str, Any]) -> Any:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from turnrl.config import SEED_MAX
-from turnrl.errors import check_output
+from turnrl.errors import TurnRLError, check_output
 
 
 def _output_check(directory: bool) -> Any:
@@ -25,6 +25,17 @@ def _output_check(directory: bool) -> Any:
 
 #: ``callback=`` of an option naming a file / a folder the command writes
 out_file, out_dir = _output_check(False), _output_check(True)
+
+
+def refuse_model_options(ctx: typer.Context, names: tuple[str, ...], scripted: str) -> None:
+    """One line for each of the options ``names`` given on the command line when the policy is scripted
+    (``scripted`` says which: ``policy 'ucb' is scripted``), which would ignore them."""
+    given = [f"--{name.replace('_', '-')}" for name in names
+             if (source := ctx.get_parameter_source(name)) is not None and source.name == "COMMANDLINE"]
+    if given:
+        one = len(given) == 1
+        raise TurnRLError(f"{', '.join(given)}: {'it changes' if one else 'they change'} model policies only, and "
+                          f"{scripted} (it would be ignored); leave {'it' if one else 'them'} out")
 
 
 #: a ``--seed`` option: the seeds numpy and torch take (:data:`turnrl.config.SEED_RANGE`), refused in one

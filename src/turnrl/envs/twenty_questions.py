@@ -275,7 +275,8 @@ class QAGame(TextEnv):
             return "guess", f"No, it is not {guess.phrase}.", guess
         q = self._exact.get(norm)
         if q is None and norm:
-            if self._compound & set(norm.split()):  # "not", "and", "or": no listed question's answer
+            joins = _COMPOUND & set(norm.split())
+            if joins & self._compound:  # "not", "and", "or": no listed question's answer
                 return "unknown", "Please ask one question at a time.", None  # answers these
             words = _content(text)
             hits = [(q2, c) for q2, c in self._loose if c and c <= words]
@@ -288,7 +289,7 @@ class QAGame(TextEnv):
                 top_words = next(c for q2, c in hits if q2 is tied[0])
                 if len(tied) > 1 or any(not c & top_words for _, c in hits):
                     return "unknown", "Please ask one question at a time.", None
-                if (_COMPOUND & set(norm.split())) - self._words[tied[0].text]:  # "a pet or a farm animal"
+                if joins - self._words[tied[0].text]:  # "a pet or a farm animal": not the question's own "or"
                     return "unknown", "Please ask one question at a time.", None
                 q = tied[0]
         if q is None:
