@@ -464,6 +464,33 @@ def test_compare_sft_seed_trains_one_start_for_every_seed(tiny_dir: Path, tmp_pa
     assert "one SFT agent for every seed (trained with seed 5)" in (out / "compare.md").read_text()
 
 
+def test_a_moved_compare_folder_resumes_its_unfinished_eto_row(tiny_dir: Path, tmp_path: Path) -> None:
+    """A compare folder moved while an eto row was unfinished (killed during its evaluation) was refused:
+    the row's settings pinned the seed's SFT agent, demos and exploration by their old paths, and the
+    partial evaluation file named the trained model by its old path. It resumes to the same records."""
+    import shutil
+
+    from turnrl.pipelines.compare import CompareConfig, run_compare
+    from turnrl.pipelines.eto import EtoConfig
+
+    pipe = EtoConfig(base=str(tiny_dir), expert_episodes=8, explore_tasks=4, eval_episodes=6, eval_splits=["seen"],
+                     iterations=1, num_envs=2, max_new_tokens=16,
+                     sft={"epochs": 1.0, "batch_size": 8, "lr": 2e-3, "row_tokens": 512},
+                     train={"epochs": 1.0, "batch_size": 4, "lr": 1e-4, "row_tokens": 512, "max_length": 512})
+    a, b = tmp_path / "a", tmp_path / "moved" / "b"
+    run_compare(CompareConfig(out=str(a), seeds=[0], methods=["sft", "eto"], pipeline=pipe))
+    whole = json.loads((a / "compare.json").read_text())["results"]
+    it = a / "seed-0" / "eto" / "iter-1"
+    marker_path(a / "seed-0" / "eto.json").unlink()  # killed after 2 of its 6 evaluation games
+    marker_path(it / "eval.json").unlink()
+    games = (it / "eval-seen.jsonl").read_text().splitlines(keepends=True)
+    (it / "eval-seen.jsonl").write_text("".join(games[:2]))
+    shutil.move(a, b)
+    run_compare(CompareConfig(out=str(b), seeds=[0], methods=["sft", "eto"], pipeline=pipe))
+    assert json.loads((b / "compare.json").read_text())["results"] == whole
+    assert len((b / "seed-0" / "eto" / "iter-1" / "eval-seen.jsonl").read_text().splitlines()) == 6
+
+
 def test_cli_config_error_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from turnrl.cli import main
 

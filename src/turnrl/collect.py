@@ -173,9 +173,9 @@ def _read_episodes(out: Path) -> dict[str, Trajectory]:
 
 def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[EpisodeSpec], env_name: str,
                      policy: Policy, env_opts: dict[str, Any], prompt: PromptConfig | None = None) -> None:
-    """The episodes already in ``out`` must be this run's: same env, env options, split, policy, model
-    weights (their fingerprint), sampling settings, invalid-reply rules and system-message settings
-    (``instruction``, ``example``), and an episode of a planned id must be that plan's (task, seed).
+    """The episodes already in ``out`` must be this run's: same env, env options, split, policy (a model
+    folder by its path, or by its weights' fingerprint when it moved since), model weights, sampling
+    settings, invalid-reply rules and system-message settings (``instruction``, ``example``), and an episode of a planned id must be that plan's (task, seed).
     Anything else is another run's file, which resuming would mix into this one's. Env options are
     compared with the env's defaults filled in (``opponent=random`` given = left unset); episodes
     written before env options, sampling settings, rules or the prompt were recorded pass those checks."""
@@ -196,7 +196,9 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
     ours = resolved(env_opts)
     for t in done.values():
         theirs = t.meta.get("policy")
-        if t.env != env_name or (theirs is not None and not _same_policy(str(theirs), policy_name)):
+        # a model folder moved or copied since (a moved run's folder) is the same policy: same weights
+        moved = fingerprint is not None and t.meta.get("model_fingerprint") == fingerprint
+        if t.env != env_name or (theirs is not None and not moved and not _same_policy(str(theirs), policy_name)):
             raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs or '?'}'; this "
                               f"run: env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
         recorded = t.meta.get("env_opts", env_opts)

@@ -53,6 +53,9 @@ __all__ = ["Stage", "StageFn", "check_settings", "is_done", "iter_dir", "made_by
 SETTINGS_FILE = "settings.json"
 #: The key of ``settings.json`` naming the command that made the folder (:func:`check_settings`).
 COMMAND_KEY = "command"
+#: The key of ``settings.json`` recording where the folder holding OUT was (absolute and as given):
+#: paths under it in the settings may follow a moved folder (:func:`check_settings`).
+LOCATION_KEY = "location"
 #: Commands that run one pipeline and may resume each other's folders (``turnrl dmpo`` is
 #: ``turnrl eto loss=dmpo``): compared as the command they map to.
 SAME_PIPELINE = {"dmpo": "eto"}
@@ -169,7 +172,11 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     ``command`` (default: the one :func:`made_by` set, if any) is recorded as settings.json's
     ``"command"``: a folder another command made (``turnrl eto``'s in ``turnrl quickstart``) is
     refused, whatever the settings; a folder whose settings.json names none is compared as above.
-    ``out`` must be a folder or a path that can become one (``what`` names it in the error)."""
+    ``out`` must be a folder or a path that can become one (``what`` names it in the error).
+
+    settings.json also records where the folder holding ``out`` was (``"location"``): a setting that
+    is a path under it then (``turnrl compare`` gives its eto rows the seed's SFT agent, demos and
+    exploration) equals the same path under that folder now, so a moved or copied run resumes."""
     check_output(out, what, directory=True)  # a file, or a path under one: one line, not a traceback
     path = Path(out) / SETTINGS_FILE
     now = json.loads(json.dumps(settings, default=str))
@@ -187,8 +194,11 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
                               f"finished stages are another command's; choose another {what} or remove it")
         if command is None and isinstance(made, str):
             command = made  # a library call resuming a command's folder keeps its record
+        where = before.pop(LOCATION_KEY, None)
         old, new = _flat(before), _flat(now)
-        changed = {k: (old[k], new[k]) for k in new if k in old and old[k] != new[k]}
+        moved = _moved(where, out)
+        changed = {k: (old[k], new[k]) for k in new
+                   if k in old and old[k] != new[k] and (moved is None or _rebase(old[k], *moved) != new[k])}
         # a setting that is a value on one side and a section on the other (``lora: null`` then
         # ``lora: {r: 8}``) flattens to keys only one side knows, but it is no added setting: it changed
         for k in [*new, *old]:
@@ -205,7 +215,17 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
             raise TurnRLError(f"{out}: made with other settings ({shown}{more}): its finished stages would be reused "
                               f"as if run with these; choose another {what} or remove it")
     Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {**now, COMMAND_KEY: command} if command is not None else now)
+    location = {"dir": str(Path(out).resolve().parent), "dir_as_given": str(Path(out).parent)}
+    atomic_write_json(path, {**now, **({COMMAND_KEY: command} if command is not None else {}), LOCATION_KEY: location})
+
+
+def _moved(where: Any, out: str | Path) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """The ``(then, now)`` folder pairs (absolute, as given) that :func:`_rebase` takes, from a
+    settings.json's :data:`LOCATION_KEY` record; None when it has none (made before 30 Nov 2026)."""
+    if not isinstance(where, dict) or not isinstance(where.get("dir"), str) or \
+            not isinstance(where.get("dir_as_given"), str):
+        return None
+    return (where["dir"], str(Path(out).resolve().parent)), (where["dir_as_given"], str(Path(out).parent))
 
 
 def iter_dir(out: str | Path, i: int) -> Path:
