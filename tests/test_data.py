@@ -437,6 +437,30 @@ def check_eto(trajs: list[Trajectory]) -> None:
     assert len({t.id for t in trajs}) == 3
 
 
+def test_clean_losers_keep_an_imported_trajectorys_ok_acknowledgement(tmp_path: Path) -> None:
+    """ETO's leading "OK" (no action) made every imported trajectory degenerate, so ``--losers clean``
+    dropped every imported loser; a reply without an action later in the game still counts."""
+    from dataclasses import replace
+
+    from turnrl.data.eto import import_eto
+    from turnrl.data.pairs import degenerate_reason, trajectory_pairs
+
+    src = tmp_path / "eto.json"
+    src.write_text(json.dumps(ETO_ITEMS))
+    for source in ("import", "policy"):
+        t0 = import_eto(src, env="webshop", source=source)[0]
+        assert t0.actions[0] is None and degenerate_reason(t0) is None
+        expert = replace(t0, id="e", return_=1.0, source="expert")
+        loser = replace(t0, id="l", return_=0.2)
+        assert len(trajectory_pairs([expert], [loser], losers="clean")) == 1
+    late = replace(loser, messages=[*loser.messages[:-1], replace(loser.messages[-1], action=None)])
+    assert degenerate_reason(late) == "no action"
+    sampled = replace(t0, messages=[replace(m, valid=False if m.action is None else True) for m in t0.messages])
+    assert degenerate_reason(sampled) == "invalid action"  # a reply turnrl sampled records its validity
+    only = replace(t0, messages=t0.messages[:2])  # "OK" and nothing after it: no agent turn at all
+    assert degenerate_reason(only) == "no action"
+
+
 def test_eto_import_json_list(tmp_path: Path) -> None:
     path = tmp_path / "webshop_sft.json"
     path.write_text(json.dumps(ETO_ITEMS, indent=4))

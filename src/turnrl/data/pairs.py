@@ -33,7 +33,8 @@ the turn where a pair differs by phi(d, T), which is small for a small gamma
 (docs/methods/dmpo.md).
 
 Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`: a loser
-with an invalid action, a turn without a parseable action, an action repeated
+with an invalid action, a turn without a parseable action (but an imported trajectory's leading
+"OK", ETO's acknowledgement of the instruction, whatever its ``source``), an action repeated
 ``max_repeats`` times in a row, or gibberish text is dropped; "noisy" keeps them.
 """
 
@@ -92,14 +93,19 @@ def diverge_turn(a: Trajectory, b: Trajectory) -> int:
 
 
 def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
-    """Why a trajectory is degenerate (invalid / missing / repeated actions, gibberish), or None."""
+    """Why a trajectory is degenerate (invalid / missing / repeated actions, gibberish), or None.
+
+    A first reply without an action that turnrl did not sample, before an observation, is ETO's "OK"
+    acknowledgement of the instruction (:mod:`turnrl.data.eto`), not a missing action."""
     run, last = 0, None
-    for m in traj.messages:
-        if m.role != "assistant":
-            continue
+    replies = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    for i in replies:
+        m = traj.messages[i]
         if m.valid is False:
             return "invalid action"
         if m.action is None:
+            if _acknowledgement(traj, i, first=i == replies[0]):
+                continue
             return "no action"
         if _gibberish(m.content):
             return "gibberish"
@@ -108,6 +114,12 @@ def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
         if run >= max_repeats:
             return "repeated action"
     return None
+
+
+def _acknowledgement(traj: Trajectory, i: int, *, first: bool) -> bool:
+    """Message ``i`` is ETO's "OK": the first reply, not played by turnrl's sampler (which records
+    every reply's ``valid``), with an observation after it (imported with any ``source``)."""
+    return first and traj.messages[i].valid is None and any(m.role == "user" for m in traj.messages[i + 1:])
 
 
 def _gibberish(text: str) -> bool:
