@@ -461,6 +461,23 @@ def test_clean_losers_keep_an_imported_trajectorys_ok_acknowledgement(tmp_path: 
     assert degenerate_reason(only) == "no action"
 
 
+def test_a_seed_that_is_a_json_list_keys_its_game(tmp_path: Path) -> None:
+    """``meta.seed`` is free-form: a list read and validated, then ``turnrl pairs`` crashed (unhashable)."""
+    from dataclasses import replace
+
+    from turnrl.data.eto import import_eto
+    from turnrl.data.pairs import trajectory_pairs
+
+    src = tmp_path / "eto.json"
+    src.write_text(json.dumps(ETO_ITEMS))
+    t0 = import_eto(src, env="webshop")[0]
+    expert = replace(t0, id="e", return_=1.0, meta={"seed": [1, 2]})
+    losers = [replace(t0, id="l", return_=0.0, meta={"seed": [1, 2]}),
+              replace(t0, id="m", return_=0.0, meta={"seed": [2, 1]})]  # another game: the task's expert
+    assert expert.game == ("0", "[1, 2]") and losers[1].game == ("0", "[2, 1]")
+    assert [p.rejected.id for p in trajectory_pairs([expert], losers)] == ["l", "m"]
+
+
 def test_eto_import_json_list(tmp_path: Path) -> None:
     path = tmp_path / "webshop_sft.json"
     path.write_text(json.dumps(ETO_ITEMS, indent=4))

@@ -8,6 +8,7 @@ agent's turns (the only tokens ever trained on). Each is one JSON object on one 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -76,8 +77,12 @@ class Trajectory:
     def game(self) -> tuple[str, Any]:
         """``(task_id, meta["seed"])``: the game played. A plan that visits a task more than once
         gives every visit its own env seed, so one task can hold several games (an imported
-        trajectory without a seed has ``None``)."""
-        return (self.task_id, self.meta.get("seed"))
+        trajectory without a seed has ``None``; a seed that is a JSON list or object, as an imported
+        file's ``meta`` may hold, is its JSON text, so that games can key a dict)."""
+        seed = self.meta.get("seed")
+        if isinstance(seed, (list, dict)):
+            seed = json.dumps(seed, sort_keys=True)
+        return (self.task_id, seed)
 
     def to_dict(self) -> dict[str, Any]:
         return {
