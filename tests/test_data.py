@@ -32,12 +32,12 @@ from turnrl.errors import TurnRLError
 
 
 def make_traj(
-    i: int = 0, *, success: bool = True, env: str = "tictactoe", split: str = "train"
+    i: int = 0, *, success: bool = True, env: str = "tictactoe", split: str = "train", task: str | None = None
 ) -> Trajectory:
     return Trajectory(
         id=f"t{i}",
         env=env,
-        task_id=f"task-{i}",
+        task_id=task if task is not None else f"task-{i}",
         messages=[
             Message("system", "Play tic-tac-toe. Answer 'Action: N'."),
             Message("user", "board 1"),
@@ -112,7 +112,7 @@ def test_writer_rejects_non_finite_numbers(tmp_path: Path) -> None:
 
 def test_pairs_round_trip_and_mixed_records(tmp_path: Path) -> None:
     pair = Pair(
-        task_id="task-0", chosen=make_traj(0), rejected=make_traj(1, success=False), meta={"kind": "eto"}
+        task_id="task-0", chosen=make_traj(0), rejected=make_traj(1, success=False, task="task-0"), meta={"kind": "eto"}
     )
     path = tmp_path / "pairs.jsonl"
     assert write_jsonl(path, [pair, pair]) == 2
@@ -342,20 +342,28 @@ def test_invalid_utf8(tmp_path: Path) -> None:
 
 
 def test_pair_errors_name_the_side() -> None:
-    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    pair = Pair(task_id="1", chosen=make_traj(0, task="1"), rejected=make_traj(1, task="1")).to_dict()
     pair["rejected"]["messages"][3]["role"] = "bot"
     with pytest.raises(TurnRLError, match=r"^p\.jsonl:4: rejected\.messages\[3\]\.role must be one of"):
         pair_from_dict(pair, "p.jsonl:4")
-    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    pair = Pair(task_id="1", chosen=make_traj(0, task="1"), rejected=make_traj(1, task="1")).to_dict()
     del pair["chosen"]["env"]
     with pytest.raises(TurnRLError, match=r"missing key 'chosen\.env'"):
         pair_from_dict(pair, "p.jsonl:4")
-    pair = Pair(task_id="1", chosen=make_traj(0), rejected=make_traj(1)).to_dict()
+    pair = Pair(task_id="1", chosen=make_traj(0, task="1"), rejected=make_traj(1, task="1")).to_dict()
     pair["chosen"]["shema"] = TRAJECTORY_SCHEMA
     with pytest.raises(TurnRLError, match=r"unknown key 'chosen\.shema' \(did you mean 'schema'\?\)"):
         pair_from_dict(pair, "p.jsonl:4")
     del pair["chosen"]["shema"], pair["chosen"]["schema"]  # nested schema tags are optional
-    assert pair_from_dict(pair, "p.jsonl:4").chosen == make_traj(0)
+    assert pair_from_dict(pair, "p.jsonl:4").chosen == make_traj(0, task="1")
+    pair["rejected"]["task_id"] = "2"  # sides of two tasks: a preference between two prompts is none
+    with pytest.raises(TurnRLError, match=r"^p\.jsonl:4: rejected\.task_id '2' is not the pair's task_id '1'$"):
+        pair_from_dict(pair, "p.jsonl:4")
+    pair["rejected"]["task_id"], pair["rejected"]["env"] = "1", "bandit"
+    with pytest.raises(TurnRLError, match=r"^p\.jsonl:4: chosen\.env 'tictactoe' and rejected\.env 'bandit' differ$"):
+        pair_from_dict(pair, "p.jsonl:4")
+    pair["rejected"]["env"] = "unknown"  # an import's default env matches any
+    assert pair_from_dict(pair, "p.jsonl:4").rejected.env == "unknown"
 
 
 # --------------------------------------------------------------------------- summary
@@ -367,7 +375,7 @@ def test_summarize(tmp_path: Path) -> None:
         out.write(make_traj(0, success=True, env="tictactoe"))
         out.write(make_traj(1, success=False, env="tictactoe", split="seen"))
         out.write(make_traj(2, success=True, env="bandit"))
-        out.write(Pair(task_id="t", chosen=make_traj(0), rejected=make_traj(1, success=False)))
+        out.write(Pair(task_id="t", chosen=make_traj(0, task="t"), rejected=make_traj(1, success=False, task="t")))
     s = summarize(path)
     assert s["trajectories"] == 3 and s["pairs"] == 1 and s["records"] == 4
     assert s["by_env"] == {"bandit": 1, "tictactoe": 2}
@@ -476,6 +484,20 @@ def test_a_seed_that_is_a_json_list_keys_its_game(tmp_path: Path) -> None:
               replace(t0, id="m", return_=0.0, meta={"seed": [2, 1]})]  # another game: the task's expert
     assert expert.game == ("0", "[1, 2]") and losers[1].game == ("0", "[2, 1]")
     assert [p.rejected.id for p in trajectory_pairs([expert], losers)] == ["l", "m"]
+
+
+def test_pair_builders_refuse_games_of_two_envs() -> None:
+    """Task ids repeat across envs (``task-0``): an expert file of one env and explorations of another
+    made pairs of two envs' games, and ``data validate`` passed them."""
+    from turnrl.data.pairs import self_play_pairs, step_pairs, takeover_pairs, trajectory_pairs
+
+    expert, explored = make_traj(0), make_traj(0, success=False, env="bandit")
+    for build in (trajectory_pairs, step_pairs, lambda e, x: takeover_pairs(e, x, [])):
+        with pytest.raises(TurnRLError, match=r"^the trajectories are of 2 envs \(bandit, tictactoe\)"):
+            build([expert], [explored])
+    with pytest.raises(TurnRLError, match=r"of 2 envs"):
+        self_play_pairs([expert, explored])
+    assert len(trajectory_pairs([expert], [make_traj(0, success=False, env="unknown")])) == 1  # an import's default
 
 
 def test_eto_import_json_list(tmp_path: Path) -> None:

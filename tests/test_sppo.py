@@ -162,6 +162,8 @@ def test_preference_units_with_a_history_window_sum_the_agent_views(tiny_dir: Pa
     """history=0: a side's per-turn log-probs are those of each turn in the context the agent had."""
     import torch
 
+    from dataclasses import replace
+
     from turnrl.agent.prompting import agent_view
     from turnrl.collect import run_policy
     from turnrl.data.io import write_jsonl
@@ -179,7 +181,7 @@ def test_preference_units_with_a_history_window_sum_the_agent_views(tiny_dir: Pa
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "pairs.jsonl"
-        write_jsonl(path, [Pair("t", a, b, {})])
+        write_jsonl(path, [Pair(a.task_id, a, replace(b, task_id=a.task_id), {})])  # a pair's sides play one task
         cfg = PreferenceConfig(loss="dpo", history=0)
         units, _ = load_units(path, chat, cfg)
         full, _ = load_units(path, chat, PreferenceConfig(loss="dpo"))

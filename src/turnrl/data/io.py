@@ -299,7 +299,8 @@ def pair_from_dict(d: Mapping[str, Any], where: str = "") -> Pair:
     """Validate one parsed JSON object as a ``turnrl.pair/v1`` record.
 
     ``chosen`` and ``rejected`` are validated as trajectories (their own ``schema`` key may
-    be left out); errors inside them name the path, e.g. ``chosen.messages[2].role``.
+    be left out); errors inside them name the path, e.g. ``chosen.messages[2].role``. Both are
+    of the pair's ``task_id`` and of one env (``unknown``, an import's default, matches any).
 
     Raises:
         TurnRLError: ``"FILE:LINE: what is wrong"``.
@@ -311,12 +312,20 @@ def pair_from_dict(d: Mapping[str, Any], where: str = "") -> Pair:
     if not isinstance(meta, dict):
         _fail(where, f"meta must be a JSON object (got {_show(meta)})")
     check_finite(meta, where, "meta")
-    return Pair(
+    pair = Pair(
         task_id=_get_str(d, "task_id", where, ""),
         chosen=_trajectory(d["chosen"], where, "chosen", need_schema=False),
         rejected=_trajectory(d["rejected"], where, "rejected", need_schema=False),
         meta=meta,
     )
+    for side in ("chosen", "rejected"):  # both sides play the pair's task: a preference between two prompts is none
+        if getattr(pair, side).task_id != pair.task_id:
+            _fail(where, f"{side}.task_id {_show(getattr(pair, side).task_id)} is not the pair's task_id "
+                         f"{_show(pair.task_id)}")
+    envs = {pair.chosen.env, pair.rejected.env} - {"unknown"}  # an import's default env matches any
+    if len(envs) > 1:
+        _fail(where, f"chosen.env {_show(pair.chosen.env)} and rejected.env {_show(pair.rejected.env)} differ")
+    return pair
 
 
 def record_from_dict(d: Mapping[str, Any], where: str = "") -> Trajectory | Pair:

@@ -46,6 +46,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from turnrl.data.schema import Message, Pair, Trajectory, by_game
+from turnrl.errors import TurnRLError
 from turnrl.oracles import EnvRewardOracle, score_samples
 
 LoserSetting = Literal["clean", "noisy"]
@@ -156,6 +157,16 @@ def expert_games(experts: Sequence[Trajectory]) -> Callable[[tuple[str, Any]], T
     return find
 
 
+def _one_env(*groups: Iterable[Trajectory]) -> None:
+    """Refuse trajectories of more than one env (``unknown``, an import's default, matches any): task
+    ids repeat across envs (``train-0``), so an expert file of one env paired with another's would pair
+    games of different envs by their shared ids."""
+    names = sorted({t.env for g in groups for t in g} - {"unknown"})
+    if len(names) > 1:
+        raise TurnRLError(f"the trajectories are of {len(names)} envs ({', '.join(names)}); pairs are of one env's "
+                          "games: give the expert and explored files of one env")
+
+
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
     if losers == "noisy":
         return True
@@ -175,6 +186,7 @@ def trajectory_pairs(
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
     """ETO's trajectory-level pairs (see the module docstring)."""
+    _one_env(experts, explored)
     stats = stats if stats is not None else {}
     expert_of = expert_games(experts)
     pairs: list[Pair] = []
@@ -216,6 +228,7 @@ def step_pairs(
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
     """ETO's step-wise pairs (see the module docstring)."""
+    _one_env(experts, explored)
     stats = stats if stats is not None else {}
     expert_of = expert_games(experts)
     pairs: list[Pair] = []
@@ -253,6 +266,7 @@ def takeover_pairs(
 ) -> list[Pair]:
     """Takeover pairs (see the module docstring). A takeover belongs to the explored game of the
     same task and env seed whose first ``replayed_turns`` turns it holds."""
+    _one_env(experts, explored, takeovers)
     stats = stats if stats is not None else {}
     expert_of = expert_games(experts)
     takeovers_of = by_game(takeovers)
@@ -293,6 +307,7 @@ def self_play_pairs(
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
     """Best against worst of each task's own samples when their returns differ."""
+    _one_env(samples)
     stats = stats if stats is not None else {}
     pairs: list[Pair] = []
     for task, group in _by_task(samples).items():
