@@ -370,6 +370,8 @@ def test_pair_errors_name_the_side() -> None:
 
 
 def test_summarize(tmp_path: Path) -> None:
+    from dataclasses import replace
+
     path = tmp_path / "x.jsonl"
     with JsonlWriter(path) as out:
         out.write(make_traj(0, success=True, env="tictactoe"))
@@ -386,6 +388,11 @@ def test_summarize(tmp_path: Path) -> None:
     assert s["avg_turns"] == 2.0
     assert s["pairs_by_env"] == {"tictactoe": 1} and s["avg_return_margin"] == 2.0
     json.dumps(s)  # JSON-ready
+    # a side cut after a turn (step pairs, --truncate-k) keeps its kept turns' rewards: the margin is the
+    # returns that decided the pair, which the builders record
+    cut = [replace(make_traj(i, task="t"), rewards=[0.0, 0.0], return_=0.0) for i in (0, 1)]
+    write_jsonl(path, [Pair("t", *cut, {"chosen_return": 1.0, "rejected_return": -1.0}), Pair("t", *cut, {})])
+    assert summarize(path)["avg_return_margin"] == 1.0  # (2 + 0) / 2
 
 
 def test_summarize_empty(tmp_path: Path) -> None:

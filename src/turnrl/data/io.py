@@ -690,6 +690,16 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _margin(pair: Pair) -> float:
+    """The returns that decided ``pair``: ``meta.chosen_return`` / ``meta.rejected_return`` where the
+    builder recorded them, else the sides' own (the same for uncut sides)."""
+    got = [pair.meta.get(f"{side}_return") for side in ("chosen", "rejected")]
+    ours = [pair.chosen.return_, pair.rejected.return_]
+    chosen, rejected = (float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else o
+                        for g, o in zip(got, ours, strict=True))
+    return chosen - rejected
+
+
 def summarize(path: PathLike) -> dict[str, Any]:
     """Validate a file and describe it (what ``turnrl data validate`` prints).
 
@@ -697,7 +707,8 @@ def summarize(path: PathLike) -> dict[str, Any]:
     over the trajectories ``by_env``, ``by_split``, ``by_source`` (counts),
     ``success_rate``, ``avg_return``, ``avg_turns`` (None without trajectories); and over
     the pairs ``pairs_by_env`` (the chosen trajectory's env) and ``avg_return_margin``
-    (chosen minus rejected return; None without pairs).
+    (chosen minus rejected return, as the pair recorded them where it did: a side cut after a turn
+    (step pairs, ``--truncate-k``) keeps its kept turns' rewards only; None without pairs).
     """
     trajectories: list[Trajectory] = []
     pairs: list[Pair] = []
@@ -718,5 +729,5 @@ def summarize(path: PathLike) -> dict[str, Any]:
         "avg_return": _mean([t.return_ for t in trajectories]),
         "avg_turns": _mean([float(t.num_turns) for t in trajectories]),
         "pairs_by_env": dict(sorted(Counter(p.chosen.env for p in pairs).items())),
-        "avg_return_margin": _mean([p.chosen.return_ - p.rejected.return_ for p in pairs]),
+        "avg_return_margin": _mean([_margin(p) for p in pairs]),
     }
