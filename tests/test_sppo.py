@@ -69,11 +69,39 @@ def test_build_data_dpo_pairs_best_vs_worst(tmp_path: Path) -> None:
         build_data(cfg, SAMPLES[4:], tmp_path / "s.jsonl", tmp_path / "p.jsonl")
 
 
+def test_build_data_refuses_an_iteration_where_every_task_ties(tmp_path: Path) -> None:
+    """With ``select=all`` every sample of tied tasks trains on the target eta * (1/2 - 1/2) = 0: from the
+    reference, whose log-ratio is 0, the loss is at its minimum and the iteration trained nothing."""
+    for select in ("all", "best_worst"):
+        with pytest.raises(TurnRLError, match=r"no training samples \(every task's samples tie under the oracle\)"):
+            build_data(SPPOConfig(samples_per_task=4, select=select), SAMPLES[4:], tmp_path / "s.jsonl",
+                       tmp_path / "d.jsonl")
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["loss=dpo", "select=best_worst"], "select=best_worst chooses the samples SPPO trains on; loss=dpo"),
+    (["loss=dpo", "train.eta=3"], "train.eta=3.0: read by loss=sppo only, and this pipeline trains with loss=dpo"),
+    (["loss=dpo", "train.sppo_variant=hard"], "train.sppo_variant=hard: read by loss=sppo only"),
+    (["train.beta=0.5"], "train.beta=0.5: read by loss=dpo/ipo/dmpo only, and this pipeline trains with loss=sppo"),
+    (["train.gamma=0.5"], "train.gamma=0.5: read by loss=dmpo only"),
+])
+def test_sppo_refuses_settings_its_loss_does_not_read(overrides: list[str], message: str) -> None:
+    from turnrl.config import load_config
+
+    with pytest.raises(TurnRLError, match="^" + re.escape(message)):
+        load_config(SPPOConfig, None, overrides).check()
+    load_config(SPPOConfig, None, ["loss=dpo"]).check()  # the section's own eta (5) is no setting of the user's
+    load_config(SPPOConfig, None, ["train.eta=3", "train.sppo_variant=hard", "select=best_worst"]).check()
+
+
 def test_config_errors(capsys, tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="samples_per_task"):
         SPPOConfig(samples_per_task=1)
     with pytest.raises(ValidationError, match="temperature"):
         SPPOConfig(temperature=float("nan"))  # nan passed the old `< 0` check
+    with pytest.raises(ValidationError, match="temperature"):
+        SPPOConfig(temperature=0.0)  # a task's K copies (one env seed) played greedily are one sample K times
     with pytest.raises(TurnRLError, match="eval_splits"):
         SPPOConfig(eval_splits=["test"]).check()
     code, _, err = run(["sppo", "samples_per_tsk=3"], capsys)
@@ -160,9 +188,9 @@ def test_sppo_pipeline_end_to_end_resumes_after_kill(tmp_path: Path, tiny_dir: P
 
 def test_preference_units_with_a_history_window_sum_the_agent_views(tiny_dir: Path) -> None:
     """history=0: a side's per-turn log-probs are those of each turn in the context the agent had."""
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from turnrl.agent.prompting import agent_view
     from turnrl.collect import run_policy
@@ -208,7 +236,13 @@ def test_compare_accepts_sppo() -> None:
     assert "sppo" in METHODS
     _check(CompareConfig(methods=["sft", "sppo"]))  # no error
     assert "sppo_dpo" in METHODS
-    _check(CompareConfig(methods=["sppo_dpo"], sppo={"train": {"lr": 1e-5, "eta": 2.0}, "select": "best_worst"}))
+    both = {"train": {"lr": 1e-5, "eta": 2.0}, "select": "best_worst"}  # a section both rows share
+    _check(CompareConfig(methods=["sppo", "sppo_dpo"], sppo=both))
+    with pytest.raises(TurnRLError, match=r"section sppo: select=best_worst chooses the samples SPPO trains on"):
+        _check(CompareConfig(methods=["sppo_dpo"], sppo=both))  # no sppo row reads them
+    with pytest.raises(TurnRLError, match=r"section sppo: train\.eta=2\.0: read by loss=sppo only, and the sppo "
+                                          r"rows train with loss=dpo"):
+        _check(CompareConfig(methods=["sppo_dpo"], sppo={"train": {"eta": 2.0}}))
 
 
 def test_compare_sppo_section_is_checked_and_applied(tmp_path: Path) -> None:

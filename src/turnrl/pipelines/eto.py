@@ -258,12 +258,7 @@ class EtoConfig(AgentPipelineConfig):
         if self.self_play and self.explore_temperature != type(self).model_fields["explore_temperature"].default:
             raise TurnRLError(f"explore_temperature={self.explore_temperature:g}: self_play samples the tasks at "
                               "sample_temperature; set that instead")
-        default = type(self).model_fields["train"].default
-        for key, reader in (("gamma", "dmpo"), ("eta", "sppo"), ("sppo_variant", "sppo")):
-            value = getattr(self.train, key)
-            if reader != self.loss and value not in (getattr(default, key), type(self.train).model_fields[key].default):
-                raise TurnRLError(f"train.{key}={value}: read by loss={reader} only, and this pipeline trains with "
-                                  f"loss={self.loss}: remove it")
+        self.train.check_unread([self.loss], "train.", _default_train(), "this pipeline trains")
         return self
 
 

@@ -85,7 +85,7 @@ class SPPOConfig(AgentPipelineConfig):
     train: PreferenceConfig = _default_train()
 
     value_ranges = {**AgentPipelineConfig.value_ranges, "iterations": Range(0), "samples_per_task": Range(2),
-                    "train_tasks": Range(1), "temperature": Range(0)}
+                    "train_tasks": Range(1), "temperature": Range(0, lo_open=True)}
 
     def check(self) -> SPPOConfig:
         self.check_common()
@@ -93,8 +93,18 @@ class SPPOConfig(AgentPipelineConfig):
             raise TurnRLError(f"train.loss={self.train.loss} is not used: this pipeline trains with loss={self.loss}"
                               " (sppo, or dpo for the self-play DPO baseline); remove train.loss")
         self.train.check_loss(self.loss, "train.")  # before the stages, not at the first training
+        self.check_unread([self.loss])
         self.check_oracle()
         return self
+
+    def check_unread(self, losses: Sequence[str], prefix: str = "", what: str = "this pipeline trains") -> None:
+        """One line for a setting that none of ``losses`` reads: ``select`` picks SPPO's samples (DPO
+        trains each task's best-vs-worst pair); ``train.gamma`` is DMPO's, ``train.eta`` and
+        ``train.sppo_variant`` SPPO's, ``train.beta`` DPO's (:meth:`PreferenceConfig.check_unread`)."""
+        if "sppo" not in losses and self.select != type(self).model_fields["select"].default:
+            raise TurnRLError(f"{prefix}select={self.select} chooses the samples SPPO trains on; loss=dpo trains each "
+                              f"task's best-vs-worst pair by win rate: remove select")
+        self.train.check_unread(losses, f"{prefix}train.", _default_train(), what)
 
     def check_oracle(self) -> None:
         """Before any work (the oracle is built after SFT and sampling): one line for a model
@@ -166,11 +176,12 @@ def build_data(cfg: SPPOConfig, samples: list[Trajectory], scored_out: Path, dat
                              "min_win_rate": min(rates), "max_win_rate": max(rates)}
     if cfg.loss == "sppo":
         data = select_samples(scored, cfg.select)
-        if not data:
+        decided = len(select_samples(scored, "best_worst")) // 2
+        if not data or not decided:  # with select=all every target would be eta * 0: an iteration that trains nothing
             raise TurnRLError(f"{data_out}: no training samples (every task's samples tie under the oracle)")
         write_jsonl(data_out, data)
         stats["train_samples"] = len(data)
-        stats["decided_tasks"] = len(select_samples(scored, "best_worst")) // 2
+        stats["decided_tasks"] = decided
         return stats
     # DPO on self-play pairs: best vs worst by win rate (self_play_pairs ranks by return_)
     ranked = [_with_return(t, float(t.meta["win_rate"])) for t in scored]
@@ -328,6 +339,8 @@ def check_compare_section(section: dict[str, Any], losses: Sequence[str] = ()) -
         cfg.check_trainer_sections(in_compare=True)
         for loss in losses:
             cfg.train.check_loss(loss, "train.")
+        if losses:
+            cfg.check_unread(losses, what="the sppo rows train")
     except TurnRLError as e:
         raise TurnRLError(f"compare config, section sppo: {e}") from None
     return dict(section)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -92,6 +92,24 @@ class PreferenceConfig(TrainConfig):
     value_ranges = {**TrainConfig.value_ranges, "beta": Range(0, lo_open=True), "sft_weight": Range(0),
                     "label_smoothing": Range(0, 0.5, hi_open=True), "gamma": Range(0, 1, lo_open=True),
                     "eta": Range(0, lo_open=True)}
+
+    #: The losses that read each setting; the others ignore it (:meth:`check_unread`).
+    read_by: ClassVar[dict[str, tuple[str, ...]]] = {
+        "beta": ("dpo", "ipo", "dmpo"), "gamma": ("dmpo",), "eta": ("sppo",), "sppo_variant": ("sppo",)}
+
+    def check_unread(self, losses: Sequence[str], key: str = "", defaults: PreferenceConfig | None = None,
+                     what: str = "this run trains") -> None:
+        """One line for a setting that none of ``losses`` reads (:attr:`read_by`) and that differs from
+        its default (the field's, or ``defaults``', a pipeline's own): it would do nothing. Pipelines
+        train with these settings under several losses (DMPO's gamma in a DPO row of ``turnrl
+        compare``), so the trainer itself does not check this; the commands a user gives them to do."""
+        for name, readers in self.read_by.items():
+            value = getattr(self, name)
+            if set(readers) & set(losses) or value == type(self).model_fields[name].default or \
+                    (defaults is not None and value == getattr(defaults, name)):
+                continue
+            raise TurnRLError(f"{key}{name}={value}: read by loss={'/'.join(readers)} only, and {what} with "
+                              f"loss={'/'.join(losses)}: remove it")
 
     def check_loss(self, loss: str | None = None, key: str = "") -> None:
         """One line for a setting that ``loss`` (default ``self.loss``) does not read; ``key`` is
