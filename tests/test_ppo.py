@@ -584,7 +584,9 @@ def test_study_folder_holds_one_design_and_its_settings(tmp_path: Path, monkeypa
         g.run_study(tmp_path / "new", fast=True, parts=("bandit",), report_only=True)
     assert not (tmp_path / "new").exists()
     check_settings(tmp_path, {"design": "fast", "config": g.FAST})  # what a study's first run records
-    g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)
+    res = g.run_study(tmp_path, fast=True, parts=("bandit", "tictactoe"), report_only=True)
+    assert not (tmp_path / "data").exists()  # it plays nothing: it had collected every part's SFT data
+    assert "RLFT" in res["bandit"]["not_run"] and "RLFT" in res["tictactoe"]["not_run"]
     g.run_study(tmp_path, fast=True, parts=("bandit",), report_only=True)  # the same again: fine
     with pytest.raises(TurnRLError, match=r"made with other settings \(design: \"fast\", now \"knowing-doing\""):
         g.run_study(tmp_path, parts=("bandit",), report_only=True, design="knowing-doing")

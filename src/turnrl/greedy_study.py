@@ -666,12 +666,14 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     t0 = time.time()
     plans: dict[str, dict[str, Any]] = {}
     if "bandit" in parts:
-        say("bandit: collecting greedy and UCB episodes")
-        collect_bandit(out, cfg)
+        if not report_only:  # it plays nothing: a part the study never ran reports its rows as not run
+            say("bandit: collecting greedy and UCB episodes")
+            collect_bandit(out, cfg)
         plans["bandit"] = plan_bandit(out, seeds, cfg)
     if "tictactoe" in parts:
-        say("tictactoe: collecting random-move and minimax games")
-        collect_ttt(out, cfg)
+        if not report_only:
+            say("tictactoe: collecting random-move and minimax games")
+            collect_ttt(out, cfg)
         plans["tictactoe"] = plan_ttt(out, seeds, cfg)
     pool = _Pool(1 if report_only else jobs, say)
     try:
