@@ -308,7 +308,13 @@ def test_other_scripted_policies_play_valid_actions(spec: str) -> None:
     trajs = run_policy(load_policy(spec), "bandit", split="seen", episodes=4, num_envs=2,
                        env_opts={"arms": 4, "horizon": 16}, prompt=PAPER)
     turns = [m for t in trajs for m in t.messages if m.role == "assistant"]
-    assert len(turns) == 64 and all(m.valid and m.content.startswith("UCB values: ") for m in turns)
+    head = "LinUCB values: " if spec == "linucb" else "UCB values: "
+    assert len(turns) == 64 and all(m.valid and m.content.startswith(head) for m in turns)
+    if spec == "linucb":  # it acts on the values it states (it stated UCB1's and acted on its own)
+        for m in turns:
+            block = m.content.split(": ", 1)[1].split(". ")[0]  # "blue=0.52, green=1.00, ..."
+            values = {k: float(v) for k, v in (pair.split("=") for pair in block.split(", "))}
+            assert values[m.action] == max(values.values()), m.content
     if spec.startswith("epsilon"):
         explored = sum("I explore" in m.content for m in turns)
         assert 16 <= explored <= 48  # eps = 0.5 of 64 steps

@@ -25,7 +25,6 @@ class BanditView(Protocol):
     setting: Setting
     history: list[tuple[int | None, float]]
     episode: int
-    values_name: str
 
     def labels_now(self) -> list[str]: ...
 
@@ -76,9 +75,9 @@ class ScriptedAgent:
         arm, explored = int(arms[0]), bool(explore[0])
         labels = env.labels_now()
         last = next((a for a, _ in reversed(env.history) if a is not None), None)
-        # the env's name for its values (LinUCB's on the contextual bandit) only where they are what the
-        # algorithm computes: the others' ``ucb`` is context-free UCB1 on every env
-        name = env.values_name if self.algo.name == "linucb" else "UCB"
+        # LinUCB writes its own values (on a plain bandit too, where they are not the UCB1 values the
+        # instruction defines: its action is their argmax); the others' ``ucb`` is context-free UCB1
+        name = "LinUCB" if self.algo.name == "linucb" else "UCB"
         text = thought(self.algo.name, labels, ucb.tolist(), arm, counts=state.counts[0].tolist(),
                        means=state.means()[0].tolist(), explored=explored, values_name=name, last_arm=last)
         return Decision(arm, labels[arm], text, tuple(float(v) for v in ucb), explored)

@@ -170,8 +170,6 @@ class BanditEnvBase(TextEnv):
     :meth:`_line`, :meth:`_question`, ``_split_ids`` and ``_task_re``.
     """
 
-    #: what the value block of rationales is called ("UCB" / "LinUCB")
-    values_name = "UCB"
     noun = "arm"
     _task_re: re.Pattern[str]
     _split_ids: dict[str, tuple[str, ...]]

@@ -83,7 +83,6 @@ class ContextualBandit(BanditEnvBase):
     """Movie recommendation to a stream of synthetic users (see the module doc)."""
 
     name = "contextual_bandit"
-    values_name = "LinUCB"
     noun = "movie"
     _task_re = re.compile(r"cb-(new-)?([0-9]+)")
     _task_format = "expected 'cb-<seed>' or 'cb-new-<seed>', e.g. 'cb-7'"
