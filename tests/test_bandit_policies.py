@@ -482,3 +482,20 @@ def test_aid_specs() -> None:
     for k in ("nan", "inf", "2.5"):  # a one-line error, not a ValueError / OverflowError from int()
         with pytest.raises(TurnRLError, match="k must be an integer"):
             with_aids(Stub(["blue"]), [f"self-consistency:k={k}"])
+
+
+def test_a_scripted_policy_takes_the_envs_ucb_constant_unless_its_spec_gives_one() -> None:
+    """``turnrl collect --policy ucb --env-opt ucb_c=2``: the instruction asked for c = 2 values and the
+    policy wrote (and acted on) c = 1 values. LinUCB on the contextual bandit takes it as ``alpha``, as
+    the env's expert does."""
+    def replies(spec: str, env: str = "bandit", **opts: Any) -> list[str]:
+        trajs = run_policy(load_policy(spec), env, split="seen", episodes=3, num_envs=3,
+                           env_opts={"horizon": 12, **opts}, prompt=PAPER)
+        return [m.content for t in trajs for m in t.messages if m.role == "assistant"]
+
+    env_c = replies("ucb", arms=4, ucb_c=2.0)
+    assert env_c == replies("ucb:c=2", arms=4, ucb_c=2.0) != replies("ucb:c=1", arms=4, ucb_c=2.0)
+    assert replies("ucb:c=1", arms=4, ucb_c=2.0) == replies("ucb", arms=4)  # a spec's own c wins
+    lin = replies("linucb", "contextual_bandit", items=4, ucb_c=0.25)
+    assert lin == replies("linucb:alpha=0.25,c=0.25", "contextual_bandit", items=4, ucb_c=0.25)
+    assert lin != replies("linucb", "contextual_bandit", items=4)

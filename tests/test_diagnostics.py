@@ -364,9 +364,12 @@ def test_one_instance_claims_no_separation_and_one_model_keeps_its_band() -> Non
 def test_scripted_policies_take_the_envs_ucb_constant(tmp_path: Path) -> None:
     """With ``ucb_c=2`` the env's knowing-doing truth is UCB with c = 2; a scripted ``ucb`` row acted on
     c = 1 and was scored 43% correct. It now takes the env's constant unless its spec gives one."""
-    from turnrl.diagnostics.bandit import with_env_c
+    from turnrl.bandits.algorithms import with_env_c
 
     assert with_env_c("ucb", 2.0) == "ucb:c=2.0"
+    assert with_env_c("linucb", 2.0) == "linucb:c=2.0" and with_env_c("ts", 2.0, contextual=True) == "ts:c=2.0"
+    assert with_env_c("linucb:lam=2", 0.5, contextual=True) == "linucb:lam=2,c=0.5,alpha=0.5"
+    assert with_env_c("linucb:alpha=1", 0.5, contextual=True) == "linucb:alpha=1,c=0.5"
     assert with_env_c("egreedy:eps=0.1", 2.0) == "egreedy:eps=0.1,c=2.0"
     assert with_env_c("ucb:c=3", 2.0) == "ucb:c=3"
     cfg = DiagnoseConfig(env="bandit", env_opts={"arms": 3, "horizon": 8, "ucb_c": 2.0}, instances=4, runs=2)
@@ -375,3 +378,10 @@ def test_scripted_policies_take_the_envs_ucb_constant(tmp_path: Path) -> None:
     assert set(kd) == {"ucb:c=2", "ucb"}  # canonical specs: c = 1 is the algorithm's default
     assert kd["ucb:c=2"]["actions_pct"]["optimal"] == 100.0
     assert kd["ucb"]["actions_pct"]["optimal"] < 100.0
+    # on the contextual bandit ucb_c is LinUCB's alpha (the env's expert's): a linucb row took it as c only,
+    # which LinUCB does not read there, so the row did not change with it
+    rows = {c: diagnose(["linucb"], tmp_path / f"cb{c}", DiagnoseConfig(
+        env="contextual_bandit", env_opts={"items": 4, "horizon": 12, "ucb_c": c}, instances=4, runs=2))["policies"][0]
+        for c in (0.01, 5.0)}
+    assert rows[5.0]["policy"] == "linucb:alpha=5,c=5"
+    assert rows[0.01]["regret"] != rows[5.0]["regret"]

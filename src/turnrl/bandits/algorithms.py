@@ -442,9 +442,25 @@ def make_algorithm(spec: str) -> Algorithm:
     return cls(**params)
 
 
+def with_env_c(spec: str, ucb_c: float, *, contextual: bool = False) -> str:
+    """``spec`` with the env's UCB constant where it gives none: ``c`` (the UCB values a rationale
+    states, and UCB's exploration), and on the contextual bandit LinUCB's ``alpha`` too, as the env's
+    expert takes it (its ``c`` scales only the context-free UCB1 values). The env's instruction and
+    the knowing-doing truth use that constant, so a policy with its own default would state and act
+    on other values than those its data and scores are about."""
+    head, _, rest = spec.partition(":")
+    given = {p.partition("=")[0].strip() for p in rest.split(",") if p.strip()}
+    name = ALIASES.get(head.strip().lower(), head.strip().lower())
+    add = [f"{k}={ucb_c!r}" for k in ("c", *(("alpha",) if contextual and name == "linucb" else ()))
+           if k not in given]
+    if not add:
+        return spec
+    return f"{head}:{','.join(filter(None, [rest.strip(), *add]))}"
+
+
 __all__ = [
     "ALGORITHMS", "DEFAULT_C", "Algorithm", "EpsilonGreedy", "Greedy", "LinUCB", "LoseShift", "RandomAlgo", "Setting",
     "State",
     "Thompson", "UCB", "argmax_sets", "is_algorithm_spec", "make_algorithm", "random_argmax", "ucb_values",
-    "uniform_over",
+    "uniform_over", "with_env_c",
 ]

@@ -8,7 +8,8 @@ reproducible and do not depend on the number of environments.
 
 Specs: ``ucb``, ``ucb:c=2``, ``linucb``, ``linucb:alpha=0.5``, ``thompson``,
 ``epsilon-greedy:eps=0.1``, ``greedy``, ``greedy:init=0``, ``uniform`` (random arms with
-the UCB-value rationale). ``random`` stays the generic random policy of
+the UCB-value rationale). A spec without ``c`` takes the env's ``ucb_c`` (and ``linucb`` on the
+contextual bandit its ``alpha``), the constant of the env's instruction and expert. ``random`` stays the generic random policy of
 :mod:`turnrl.rollout.policies` for ``load_policy``; in ``turnrl diagnose`` it is the
 scripted one.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from turnrl.bandits.algorithms import Algorithm, is_algorithm_spec, make_algorithm
+from turnrl.bandits.algorithms import Algorithm, is_algorithm_spec, make_algorithm, with_env_c
 from turnrl.bandits.scripted import Decision, ScriptedAgent
 from turnrl.rollout.policies import Reply, Request
 
@@ -38,19 +39,33 @@ class ScriptedBanditPolicy:
     #: reads the env object itself (its arms and history), so it cannot act on envs in workers
     reads_env = True
 
-    def __init__(self, algo: Algorithm):
+    def __init__(self, algo: Algorithm, spec: str | None = None):
         self.algo = algo
         self.name = algo.spec
         self.agent = ScriptedAgent(algo)
+        #: the spec as given: each env's UCB constant fills in what it leaves out (:meth:`agent_for`)
+        self.spec = spec
+        self._agents: dict[tuple[float, bool], ScriptedAgent] = {}
         #: the last decision per request of the latest ``act`` call (arm, UCB values...)
         self.last: list[Decision] = []
+
+    def agent_for(self, env: Any) -> ScriptedAgent:
+        """The agent that plays ``env``: with a spec, the algorithm with the env's ``ucb_c`` where the
+        spec gives no constant (:func:`~turnrl.bandits.algorithms.with_env_c`), as the env's
+        instruction and expert use it; a policy made from an algorithm plays it as it is."""
+        if self.spec is None:
+            return self.agent
+        key = (float(env.ucb_c), env.setting.dim > 1)
+        if key not in self._agents:
+            self._agents[key] = ScriptedAgent(make_algorithm(with_env_c(self.spec, key[0], contextual=key[1])))
+        return self._agents[key]
 
     def act(self, requests: Sequence[Request]) -> list[Reply]:
         self.last = []
         out = []
         for r in requests:
             env = bandit_env(r.env, f"bandit policy '{self.name}'")
-            d = self.agent.decide(env, np.random.default_rng(r.rng.getrandbits(64)))
+            d = self.agent_for(env).decide(env, np.random.default_rng(r.rng.getrandbits(64)))
             self.last.append(d)
             out.append(Reply(d.reply, meta={"arm": d.arm, "ucb": list(d.ucb), "explored": d.explored}))
         return out
@@ -61,7 +76,7 @@ def load_scripted(spec: str) -> ScriptedBanditPolicy | None:
     (``random`` is left to the generic random policy)."""
     if spec.strip().lower() == "random" or not is_algorithm_spec(spec):
         return None
-    return ScriptedBanditPolicy(make_algorithm(spec))
+    return ScriptedBanditPolicy(make_algorithm(spec), spec)
 
 
 __all__ = ["ScriptedBanditPolicy", "bandit_env", "load_scripted"]

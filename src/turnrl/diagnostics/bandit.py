@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from turnrl.bandits.algorithms import Algorithm, argmax_sets, make_algorithm, ucb_values
+from turnrl.bandits.algorithms import Algorithm, argmax_sets, make_algorithm, ucb_values, with_env_c
 from turnrl.bandits.rationale import parse_values
 from turnrl.bandits.simulate import Instances, Run, coverage, cumulative_regret, simulate
 from turnrl.envs.bandit import MAX_HORIZON
@@ -463,16 +463,6 @@ class ModelScorer:
         return np.array(out)
 
 
-def with_env_c(spec: str, ucb_c: float) -> str:
-    """A scripted policy's spec with the env's UCB constant where the spec gives none: the
-    knowing-doing table scores stated UCB values against the env's ``ucb_c``, so a ``ucb`` row
-    with its own default would act on (and state) other values than the ones it is scored on."""
-    head, _, rest = spec.partition(":")
-    if any(p.partition("=")[0].strip() == "c" for p in rest.split(",")):
-        return spec
-    return f"{head}:{rest.strip() + ',' if rest.strip() else ''}c={ucb_c!r}"
-
-
 def _ended(conts: list[list[int]], labels: Sequence[str], chat: Any) -> list[list[int]]:
     """The labels' continuations, each followed by the end of the agent's turn when one is a token
     prefix of another: with digits tokenized one by one, ``ACTION=1`` begins ``ACTION=13``, so its
@@ -582,7 +572,7 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
         say(f"{spec}: {'simulating' if scripted else 'playing'} {cfg.instances} instances")
         fb_scorer: Callable[[Sequence[FBContext]], np.ndarray] | None = None
         if scripted:
-            spec = with_env_c(spec, env.ucb_c)
+            spec = with_env_c(spec, env.ucb_c, contextual=env.setting.dim > 1)
             algo = make_algorithm(spec)
             pr = scripted_run(algo, env, task_ids, runs=cfg.runs or 8, seed=cfg.seed)
             fb_scorer = scripted_scorer(make_algorithm(spec), env)
