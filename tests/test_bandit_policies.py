@@ -113,6 +113,8 @@ def test_epsilon_greedy_untried_explores_only_untried_arms() -> None:
     assert set(draws[:, 0].tolist()) == {1, 2, 3} and set(draws[:, 1].tolist()) == {1}
     assert 0.12 < float(np.mean(draws[:, 0] != 2)) < 0.28  # eps 0.2 of 400 draws
     assert explored.dtype == bool and arms.shape == (2,)
+    flags = np.array([algo.choose(state, None, rng)[1] for _ in range(200)])
+    assert flags[:, 0].any() and not flags[:, 1].any()  # all tried: an exploring step is greedy, no exploration
 
 
 def test_lose_shift_by_hand() -> None:
@@ -226,6 +228,7 @@ def test_lose_shift_beats_committing_on_ten_noisy_arms() -> None:
         ("epsilon-greedy:eps=1.5", "eps must be in [0, 1] (got 1.5)"),
         ("epsilon-greedy:untried=0.5", "untried must be 0 or 1 (got 0.5)"),
         ("linucb:lam=0", "lam must be > 0"),
+        ("thompson:prior_std=1e-200", "prior_std must be >= 1e-6"),  # its square underflowed: ZeroDivisionError
         ("ucb:c", "expected key=value"),
     ],
 )

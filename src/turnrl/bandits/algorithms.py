@@ -221,6 +221,8 @@ class EpsilonGreedy(Greedy):
         greedy = random_argmax(self.scores(state, ctx), rng)
         if self.params["untried"]:
             rand = random_argmax(np.where(self._explore_mask(state, ctx), 0.0, -1.0), rng)
+            # with every arm tried the exploring step is greedy: it explored nothing (its rationale says so)
+            explore = explore & (state.counts == 0).any(axis=-1)
         else:
             rand = rng.integers(0, state.setting.arms, size=state.n)
         return np.where(explore, rand, greedy), explore
@@ -402,6 +404,8 @@ def _check(name: str, params: dict[str, float]) -> None:
     for key in ("prior_std", "lam"):
         if key in params and params[key] <= 0:
             raise _param_error(name, key, params[key], "must be > 0")
+    if 0 < params.get("prior_std", 1.0) < 1e-6:  # its square, the prior's variance, would underflow
+        raise _param_error(name, "prior_std", params["prior_std"], "must be >= 1e-6")
     if params.get("alpha", 0.0) < 0:
         raise _param_error(name, "alpha", params["alpha"], "must be >= 0")
 
