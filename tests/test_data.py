@@ -302,6 +302,10 @@ BAD_LINES: list[tuple[str, str, str]] = [
     ("reward too large", json.dumps(with_changes(rewards=[0.0, 10**400])), "rewards must be a list of numbers"),
     ("too many digits", '{"return": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit"),
     ("nested too deeply", "[" * 100_000, "invalid JSON: nested too deeply"),
+    # Python's reader keeps a repeated key's last value in silence: "return": 1, ..., "return": -1 read as -1
+    ("key twice", json.dumps(good())[:-1] + ', "return": -1.0}', "invalid JSON: key 'return' given twice in one object"),
+    ("meta key twice", json.dumps(with_changes(meta={}))[:-1].replace('"meta": {}', '"meta": {"x": 1, "x": 2}') + "}",
+     "invalid JSON: key 'x' given twice"),
     ("num_turns", json.dumps(with_changes(num_turns=3)), "num_turns is 3 but there are 2 assistant messages"),
     ("success not bool", json.dumps(with_changes(success=1)), "'success' must be true or false (got 1)"),
     ("task_id not str", json.dumps(with_changes(task_id=3)), "'task_id' must be a string (got 3)"),

@@ -370,7 +370,7 @@ def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             if not text.strip(" \t\r\n"):  # str.strip() would also take control and Unicode spaces
                 continue
             try:
-                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite)
+                obj = json.loads(text.rstrip("\r\n"), parse_constant=reject_non_finite, object_pairs_hook=unique_keys)
             except json.JSONDecodeError as e:
                 hint = (
                     ""
@@ -450,6 +450,19 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise NonFiniteLiteral(text, f"{text} is too large for a float")
     return value
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads(..., object_pairs_hook=unique_keys)``: a key given twice in one object is refused
+    (Python's reader keeps the last value in silence, so ``"return": 1, ..., "return": -1`` read as -1)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key '{key}' given twice in one object")
+            seen.add(key)
+    return obj
 
 
 def reject_non_finite(name: str) -> Any:
