@@ -688,6 +688,11 @@ def test_eto_invalid_json_and_no_partial_output(tmp_path: Path) -> None:
     with pytest.raises(TurnRLError, match=r"eto\.json:5: invalid JSON: 1e400 is too large for a float"):
         convert_eto(bad, out)
     assert not out.exists()
+    for empty in ("", "[]", "\n"):  # a download cut short: an empty output would look complete
+        bad.write_text(empty)
+        with pytest.raises(TurnRLError, match=r"eto\.json: holds no ETO items \(an empty file or list\); nothing written"):
+            convert_eto(bad, out)
+        assert not out.exists()
 
 
 def test_eto_import_reads_a_jsonl_file_of_one_line_as_json_lines(tmp_path: Path) -> None:

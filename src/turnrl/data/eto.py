@@ -270,7 +270,10 @@ def import_eto(
 def convert_eto(in_path: PathLike, out_path: PathLike, **kw: Any) -> int:
     """Convert an ETO file to turnrl JSONL (written atomically); returns the trajectory count.
 
-    Keyword arguments go to :func:`import_eto`. Nothing is written if any item is bad.
+    Keyword arguments go to :func:`import_eto`. Nothing is written if any item is bad, or if there
+    is none (an empty file, e.g. a download cut short, would be an empty output that looks complete).
     """
     trajectories = import_eto(in_path, **kw)
+    if not trajectories:
+        raise TurnRLError(f"{in_path}: holds no ETO items (an empty file or list); nothing written to {out_path}")
     return write_jsonl(out_path, trajectories)
