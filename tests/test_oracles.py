@@ -144,9 +144,13 @@ def test_comparisons_roundtrip_and_bad_lines(tmp_path: Path) -> None:
         read_comparisons(path)
     for key, value, needle in (("meta", [1], "meta must be a JSON object (got [1])"),
                                ("meta", "ab", 'meta must be a JSON object (got "ab")'),
-                               ("task_id", None, "task_id must be a string (got null)")):
+                               ("task_id", None, "task_id must be a string (got null)"),
+                               # a misspelt key passed; 1e400 in meta read as infinity; sides of another task
+                               ("lable_soft", 1.0, "unknown key 'lable_soft' (did you mean 'label'?)"),
+                               ("meta", {"x": "1e400"}, "meta.x is not a finite number (got inf)"),
+                               ("task_id", "b", 'a.task_id "a" is not the comparison\'s task_id "b"')):
         bad = {**json.loads(lines[1]), key: value}
-        path.write_text(json.dumps(bad) + "\n")
+        path.write_text(json.dumps(bad).replace('"1e400"', "1e400") + "\n")
         with pytest.raises(TurnRLError, match=r"c.jsonl:1: ") as exc:  # not a TypeError traceback
             read_comparisons(path)
         assert needle in str(exc.value)

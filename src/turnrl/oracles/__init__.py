@@ -44,7 +44,7 @@ import numpy as np
 
 from turnrl.config import Config, Range
 from turnrl.data.schema import Trajectory
-from turnrl.errors import TurnRLError
+from turnrl.errors import TurnRLError, did_you_mean
 
 __all__ = [
     "COMPARISON_SCHEMA",
@@ -340,9 +340,12 @@ def write_comparisons(path: str | Path, comparisons: Iterable[Comparison]) -> in
     return write_jsonl(path, [c.to_dict() for c in comparisons])
 
 
+_COMPARISON_KEYS = ("schema", "task_id", "a", "b", "label", "meta")
+
+
 def read_comparisons(path: str | Path) -> list[Comparison]:
     """Read a comparisons file; a bad line is a ``FILE:LINE: what`` error."""
-    from turnrl.data.io import iter_jsonl, trajectory_from_dict
+    from turnrl.data.io import check_finite, iter_jsonl, trajectory_from_dict
 
     p = Path(path)
     if not p.is_file():
@@ -352,6 +355,9 @@ def read_comparisons(path: str | Path) -> list[Comparison]:
         where = f"{p}:{line}"
         if d.get("schema") != COMPARISON_SCHEMA:
             raise TurnRLError(f"{where}: schema is {d.get('schema')!r}, expected {COMPARISON_SCHEMA!r}")
+        for key in d:  # a misspelt key is refused, as in trajectory and pair records
+            if key not in _COMPARISON_KEYS:
+                raise TurnRLError(f"{where}: unknown key '{key}'{did_you_mean(key, _COMPARISON_KEYS)}")
         for key in ("task_id", "a", "b", "label"):
             if key not in d:
                 raise TurnRLError(f"{where}: missing key '{key}'")
@@ -363,8 +369,13 @@ def read_comparisons(path: str | Path) -> list[Comparison]:
         meta = d.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise TurnRLError(f"{where}: meta must be a JSON object (got {json.dumps(meta)})")
+        check_finite(meta, where, "meta")  # 1e400 reads as infinity, which no writer takes back
         a = trajectory_from_dict(d["a"], f"{where}: a")
         b = trajectory_from_dict(d["b"], f"{where}: b")
+        for side, t in (("a", a), ("b", b)):  # a preference between two tasks' replies is none
+            if t.task_id != d["task_id"]:
+                raise TurnRLError(f"{where}: {side}.task_id {json.dumps(t.task_id)} is not the comparison's task_id "
+                                  f"{json.dumps(d['task_id'])}")
         out.append(Comparison(d["task_id"], a, b, float(label), meta or {}))
     if not out:
         raise TurnRLError(f"{p}: no comparisons")
