@@ -133,6 +133,9 @@ def test_unknown_engine_is_an_error(tiny_dir: Path) -> None:
     with pytest.raises(TurnRLError, match="unknown engine 'vlm' \\(did you mean 'vllm'\\?\\)"):
         load_policy(str(tiny_dir), engine="vlm")
     assert load_policy("expert", engine="vllm").name == "expert"  # scripted policies have no engine
+    # only the hf engine reads ``device``: vLLM ran on its own default GPU whatever was asked
+    with pytest.raises(TurnRLError, match=r"^device=cuda:1 is read by engine=hf only; engine=vllm places the model"):
+        load_policy(str(tiny_dir), engine="vllm", device="cuda:1")
 
 
 def test_sampling_config_becomes_sampling_params(fake_vllm: types.ModuleType) -> None:

@@ -170,6 +170,11 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
     from turnrl.rollout.vllm_engine import VLLMEngine, import_vllm
 
     if engine == "vllm":
+        if device is not None:  # only the hf engine reads it: vLLM would run on its own default GPU
+            from turnrl.errors import TurnRLError
+
+            raise TurnRLError(f"device={device} is read by engine=hf only; engine=vllm places the model itself "
+                              "(choose its GPUs with CUDA_VISIBLE_DEVICES)")
         import_vllm()  # a missing install fails before anything loads
     path = resolve_model_path(spec)
     # each fingerprint is taken once the model is loaded: a hub id is fingerprinted by its snapshot in
