@@ -18,8 +18,9 @@ rollout: the old-policy pass and the reference pass (no grad), then ``--epochs``
   sequence with an attention mask, the LM head on the reply span (``logits_to_keep``), as TRL's
   GRPO trainer computes per-token log-probs; the same loss.
 
-All three compute the same log-probs (checked: per-sequence sums agree to 1e-4) and take the
-same optimizer steps (plain SGD, so that the three start each round from the same weights).
+All three compute the same log-probs and take the same optimizer steps (plain SGD, so that the
+three start each round from the same weights; checked: per-sequence log-prob sums and every update's
+loss, each taken after the steps before it, agree to 1e-4).
 Time is the process's CPU time on a CPU (run with ``OMP_NUM_THREADS=1``) and wall time on a
 GPU; the best of ``--repeats`` rounds after an untimed warm-up. The last line is one JSON object
 with ``ratio`` = padded time / turnrl time (above 1: turnrl is faster) and ``ratio_plain``.
@@ -90,7 +91,8 @@ def main() -> None:
     lengths = [len(s.enc.input_ids) for s in samples]
 
     def iteration(name: str, model: Any, ref: Any) -> list[float]:
-        """Old and reference passes, then the updates; returns each sample's summed old log-prob."""
+        """Old and reference passes, then the updates; returns each sample's summed old log-prob and
+        each update's loss (the later ones are taken after earlier steps: the same steps, the same losses)."""
         obj = PPOObjective(PPOConfig(shared_prefix=name == "turnrl", beta_kl=0.1), pad_id)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         sums = []
@@ -122,6 +124,7 @@ def main() -> None:
                     loss = losses.sum()
                 else:
                     loss, _ = obj(model, [mb])
+                sums.append(float(loss))
                 loss.backward()
                 opt.step()
         return sums
@@ -130,7 +133,7 @@ def main() -> None:
     print(f"{len(samples)} turn sequences, {sum(lengths)} tokens ({np.mean(lengths):.0f} a turn), "
           f"{sum(s.tokens for s in samples)} agent tokens; {args.epochs} epochs x {len(minibatches)} minibatches")
     result = {"benchmark": "ppo_update", "episodes": len(episodes), "turns": len(samples), "tokens": sum(lengths),
-              **timing, "same_logps": same}
+              **timing, "same_logps_and_losses": same}
     print(json.dumps(result))
 
 
