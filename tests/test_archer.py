@@ -175,6 +175,7 @@ def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Pa
         assert (tmp_path / "run" / "critic.pt").is_file()
     else:
         assert "bc/loss" in rows[2] and changed > 0
+        assert rows[2]["bc/skipped_too_long"] == rows[2]["bc/dropped_turns"] == 0  # what BC_MAX_LENGTH cut: nothing
     with pytest.raises(Exception, match="already holds"):
         train_online(algo, str(tiny_dir), "tictactoe", tmp_path / "run", cfg)  # type: ignore[arg-type]
 

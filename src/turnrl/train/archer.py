@@ -112,6 +112,8 @@ from turnrl.train.forward import PackedBatch, pack, pack_runs, token_logps
 
 Algo = Literal["archer", "chai", "filtered_bc"]
 CHECKPOINTS = "checkpoints"
+#: tokens of a filtered-BC example (a top episode, or one turn's view with a history window)
+BC_MAX_LENGTH = 4096
 ONLINE_SUMMARY = "turnrl.online_summary/v1"
 
 
@@ -769,9 +771,13 @@ class OnlineRun:
         ranked = sorted(range(len(self.replay)), key=lambda i: (-self.replay.items[i]["return"], -i))
         top = [self.replay.items[i] for i in ranked[: max(1, math.ceil(self.cfg.bc_top * len(ranked)))]]
         trajs = [trajectory_from_dict(d) for d in top]
-        examples, _ = encode_trajectories(trajs, self.chat, max_length=4096, history=self.cfg.prompt.history)
+        # turns past 4096 tokens are dropped and an episode longer at its first turn is skipped:
+        # counted in the metrics (bc/dropped_turns, bc/skipped_too_long), not silent
+        examples, stats = encode_trajectories(trajs, self.chat, max_length=BC_MAX_LENGTH,
+                                              history=self.cfg.prompt.history)
+        cut = {f"bc/{k}": float(stats[k]) for k in ("dropped_turns", "skipped_too_long")}
         if not examples:
-            return {}
+            return cut
         sums: dict[str, float] = {}
         for _ in range(self.cfg.bc_steps):
             idx = self.rng.integers(0, len(examples), size=at.examples_per_step)
@@ -780,7 +786,7 @@ class OnlineRun:
                 sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
         out = {f"bc/{k}": v / self.cfg.bc_steps for k, v in sums.items()}
         out["bc/top_return"] = float(np.mean([d["return"] for d in top]))
-        return out
+        return {**out, **cut}
 
     def evaluate(self) -> dict[str, float]:
         """Mean return of the acting policy on ``eval_episodes`` fixed episodes of ``eval_split``
