@@ -420,3 +420,29 @@ def test_judge_letters_are_the_tokens_written_after_the_answer_prefix() -> None:
     judge.tok = _sentencepiece_tokenizer({"<unk>": 0, "<s>": 1, "</s>": 2, "▁": 3}, [])
     with pytest.raises(TurnRLError, match="distinct tokens"):
         judge._letter_ids()
+
+
+def test_preference_model_settings_that_broke_training(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    """``gradient_checkpointing=true`` was a 48-line AttributeError (the pairwise model forwards it to its
+    backbone: the same losses); ``model.pooling=first`` on the causal backbone trained a model whose every
+    margin is 0 (both orders of a pair begin with the task) and exited 0."""
+    trajs = run_policy(RandomPolicy(), "tictactoe", episodes=24, env_opts={"opponent": "random"}, seed=0)
+    trajs = [replace(t, task_id=f"g{i // 6}") for i, t in enumerate(trajs)]
+    write_comparisons(tmp_path / "c.jsonl", comparisons_from_trajectories(trajs, skip_ties=True, pairs_per_task=4,
+                                                                          seed=0))
+    base = ["train", "preference-model", "--data", str(tmp_path / "c.jsonl"), f"model.backbone={tiny_dir}",
+            "model.layers=1", "model.max_side_tokens=48", "model.max_task_tokens=16", "batch_size=4", "max_steps=3",
+            "eval_fraction=0", "dropout=false"]
+    losses = {}
+    for gc in ("false", "true"):
+        code, _, err = run([*base, "--out", str(tmp_path / gc), f"gradient_checkpointing={gc}"], capsys)
+        assert code == 0, err
+        losses[gc] = [json.loads(x)["loss"] for x in (tmp_path / gc / "metrics.jsonl").read_text().splitlines()
+                      if "loss" in json.loads(x)]
+    assert len(losses["true"]) == 3 and losses["true"] == pytest.approx(losses["false"], rel=1e-5)
+    code, _, err = run([*base, "--out", str(tmp_path / "first"), "model.pooling=first"], capsys)
+    assert one_line_error(code, err).startswith("error: model.pooling=first: the backbone") and "is causal" in err
+    assert not (tmp_path / "first").exists()
+    code, _, err = run([*base[:-2], "--out", str(tmp_path / "both"), "--eval-data", str(tmp_path / "c.jsonl"),
+                        "eval_fraction=0.5"], capsys)  # the fraction went unread: nothing was held out of --data
+    assert one_line_error(code, err).startswith("error: eval_fraction=0.5 holds out tasks of --data, and --eval-data")

@@ -284,3 +284,27 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
 
         model.to(check_device(device))  # type: ignore[arg-type]
     return model
+
+
+def first_position_is_blind(backbone: Any, tokenizer: Any) -> bool:
+    """Whether ``backbone``'s first position does not read the rest of a text (a causal model: the
+    ``tiny`` one, any causal LM), so that pooling it would encode every text of the same first token
+    alike. Tried on two texts that share their first token (a role prefix, or a [CLS] / <s>), not read
+    from the config; False when the tokenizer gives no such pair."""
+    import torch
+
+    a, b = ([int(i) for i in tokenizer(t, add_special_tokens=True)["input_ids"]]
+            for t in ("user: the first of two texts, X . O", "user: another one, . . . / . X ."))
+    if len(a) < 2 or len(b) < 2 or a[0] != b[0] or a == b:
+        return False
+    device = next(backbone.parameters()).device
+    was = backbone.training
+    backbone.eval()  # no dropout: the same first position gives the same vector
+    try:
+        with torch.no_grad():
+            first = [backbone(input_ids=torch.tensor([ids], device=device),
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device)
+                              ).last_hidden_state[0, 0].float() for ids in (a, b)]
+    finally:
+        backbone.train(was)
+    return bool(torch.allclose(first[0], first[1], rtol=1e-5, atol=1e-6))

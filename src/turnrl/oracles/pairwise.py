@@ -103,6 +103,16 @@ class PairwiseModel(nn.Module):
             pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp_min(1.0)
         return self.head(pooled.float()).squeeze(-1)
 
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        """The trainer core's ``gradient_checkpointing``: the backbone's layers recompute their
+        activations in the backward pass (the head is one linear layer)."""
+        backbone: Any = self.backbone
+        enable = getattr(backbone, "activation_checkpointing_enable", None)  # transformers >= 5.24's name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs.get("gradient_checkpointing_kwargs"))
+        else:
+            backbone.gradient_checkpointing_enable(**kwargs)
+
     def margins(self, ab: Sequence[Sequence[int]], ba: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
         """``d = f(a, b) - f(b, a)`` for each pair (see :func:`pair_margins`)."""
         return pair_margins(self, ab, ba, pad_id)
@@ -169,7 +179,7 @@ def build_pairwise_model(settings: PairwiseSettings, seed: int = 0) -> tuple[Pai
     """A fresh model (or ``backbone``'s weights under ``pretrained``) and its tokenizer."""
     from transformers import AutoModel, LlamaConfig, LlamaModel
 
-    from turnrl.models.loading import load_tokenizer, resolve_model_path
+    from turnrl.models.loading import first_position_is_blind, load_tokenizer, resolve_model_path
     from turnrl.models.tiny import PRESETS
 
     tok = load_tokenizer(settings.backbone)
@@ -192,6 +202,11 @@ def build_pairwise_model(settings: PairwiseSettings, seed: int = 0) -> tuple[Pai
                              pad_token_id=tok.pad_token_id, bos_token_id=None, eos_token_id=tok.eos_token_id,
                              initializer_range=0.02)
         backbone = LlamaModel(config)
+    if settings.pooling == "first" and first_position_is_blind(backbone, tok):
+        # both orders of a comparison begin with the same task tokens: f(a, b) = f(b, a), every margin 0
+        raise TurnRLError(f"model.pooling=first: the backbone '{settings.backbone}' is causal (its first position "
+                          "does not read the rest of a text), so both orders of a pair would score alike and "
+                          "nothing would be learned; use pooling=last or mean")
     return PairwiseModel(backbone, settings, hidden), tok
 
 

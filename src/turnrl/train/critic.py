@@ -232,27 +232,13 @@ def build_critic(cfg: CriticConfig, actor_tokenizer: Any, *, seed: int = 0) -> D
 
 
 def _check_first_pooling(encoder: TextEncoder, cfg: CriticConfig) -> None:
-    """Refuse ``pooling=first`` on an encoder whose first position does not read the rest of the text: a
-    causal one (the ``tiny`` encoder, any causal LM), where every state starting with the same token would
-    encode alike and V could not tell states apart. Tried with two texts that share their first token (the
-    states' common ``system:`` / ``user:`` start, or a [CLS] / <s>), not read from the config."""
+    """Refuse ``pooling=first`` on an encoder whose first position does not read the rest of the text
+    (:func:`~turnrl.models.loading.first_position_is_blind`): every state would encode alike and V
+    could not tell states apart."""
     from turnrl.errors import TurnRLError
+    from turnrl.models.loading import first_position_is_blind
 
-    a = encoder.ids("user: the first of two texts, X . O")
-    b = encoder.ids("user: another one, . . . / . X .")
-    if len(a) < 2 or len(b) < 2 or a[0] != b[0] or a == b:
-        return  # the tokenizer gives no such pair: nothing to tell
-    was = encoder.training
-    encoder.eval()  # no dropout: the same first position gives the same vector
-    try:
-        with torch.no_grad():
-            first = [encoder.backbone(input_ids=torch.tensor([ids], device=encoder._device()),
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long,
-                                                                device=encoder._device())).last_hidden_state[0, 0]
-                     for ids in (a, b)]
-    finally:
-        encoder.train(was)
-    if torch.allclose(first[0].float(), first[1].float(), rtol=1e-5, atol=1e-6):
+    if first_position_is_blind(encoder.backbone, encoder.tokenizer):
         raise TurnRLError(f"critic.pooling=first: critic.encoder '{cfg.encoder}' is causal (its first position does "
                           "not read the rest of a text), so every state would encode alike; use pooling=mean or last")
 

@@ -147,6 +147,9 @@ def train_preference_model(data: str | Path, out: str | Path, cfg: PreferenceMod
     Writes ``OUT/eval.json`` (held-out agreement before and after) when there is held-out data."""
     if cfg.lora is not None:
         raise TurnRLError("train preference-model does not support lora; train the small model fully")
+    if eval_data is not None and cfg.eval_fraction > 0:  # one held-out set or the other: the fraction went unread
+        raise TurnRLError(f"eval_fraction={cfg.eval_fraction} holds out tasks of --data, and --eval-data gives the "
+                          "held-out comparisons: use one of them")
     comps = read_comparisons(data)
     held: list[Comparison] = []
     if eval_data is not None:
