@@ -511,6 +511,33 @@ def test_pair_builders_refuse_games_of_two_envs() -> None:
     assert len(trajectory_pairs([expert], [make_traj(0, success=False, env="unknown")])) == 1  # an import's default
 
 
+def test_a_history_window_keeps_an_imported_trajectorys_instruction(tmp_path: Path) -> None:
+    """ETO's instruction is its first user message, answered "OK": with ``history=k`` it fell out of the
+    window from turn k + 2 on, so SFT trained later turns without the task. It is kept as the head; a
+    trajectory turnrl played (no such exchange) is windowed as before."""
+    from turnrl.agent.prompting import agent_view
+    from turnrl.data.eto import import_eto
+
+    turns = [{"from": "human", "value": INSTRUCTION}, {"from": "gpt", "value": "OK"}]
+    for k in range(5):
+        turns += [{"from": "human", "value": f"obs {k}"}, {"from": "gpt", "value": f"Thought: t{k}\nAction: a{k}"}]
+    src = tmp_path / "eto.json"
+    src.write_text(json.dumps([{"id": 0, "conversations": turns, "reward": 1.0}]))
+    (t,) = import_eto(src, env="webshop")
+    for turn in range(t.num_turns):
+        view, local = agent_view(t.messages, turn, 1)
+        if turn:
+            assert [m.content for m in view[:2]] == [INSTRUCTION, "OK"]
+        replies = [m for m in view if m.role == "assistant"]
+        assert replies[local] is [m for m in t.messages if m.role == "assistant"][turn]
+        if turn >= 2:  # the instruction exchange, the one exchange before, the observation and the turn
+            assert [m.content for m in view[2:]] == [f"obs {turn - 2}", f"Thought: t{turn - 2}\nAction: a{turn - 2}",
+                                                     f"obs {turn - 1}", f"Thought: t{turn - 1}\nAction: a{turn - 1}"]
+    played = make_traj(0)  # turnrl's sampler records every reply's validity: no instruction exchange
+    assert [m.content for m in agent_view(played.messages, 1, 0)[0]] == [played.messages[0].content, "board 2",
+                                                                         "Action: 1"]
+
+
 def test_eto_import_json_list(tmp_path: Path) -> None:
     path = tmp_path / "webshop_sft.json"
     path.write_text(json.dumps(ETO_ITEMS, indent=4))

@@ -49,23 +49,36 @@ def format_turn(thought: str, action: str) -> str:
     return f"Thought: {thought}\nAction: {action}"
 
 
+def opens_with_acknowledgement(messages: Sequence[Message]) -> bool:
+    """ETO's convention (:mod:`turnrl.data.eto`): the first user message is the task instruction and
+    the first reply an "OK" without an action, which turnrl's sampler did not play (it records every
+    reply's ``valid``), before the first observation. Never so for a trajectory turnrl played."""
+    body = [m for m in messages if m.role != "system"]
+    return (len(body) > 2 and body[0].role == "user" and body[1].role == "assistant" and body[1].action is None
+            and body[1].valid is None and any(m.role == "user" for m in body[2:]))
+
+
 def agent_view(messages: Sequence[Message], turn: int, history: int | None) -> tuple[list[Message], int]:
     """The context for agent turn ``turn`` (0-based) and that turn's index in it.
 
     Returns ``(view, local_turn)``: the system message(s), the last ``history`` exchanges
     before turn ``turn``, the observation it answers, and (when it exists) the turn itself.
+    An imported ETO trajectory's instruction exchange (:func:`opens_with_acknowledgement`) is
+    kept with the system messages: the task instruction every later turn of it was written with.
     """
     head = [m for m in messages if m.role == "system"]
     body = [m for m in messages if m.role != "system"]
+    pinned = 1 if history is not None and opens_with_acknowledgement(messages) else 0  # turns kept as the head
     # positions of the assistant messages in body
     a_pos = [i for i, m in enumerate(body) if m.role == "assistant"]
     end = a_pos[turn] + 1 if turn < len(a_pos) else len(body)
-    if history is None or turn == 0:
+    if history is None or turn <= pinned:
         start = 0
         local = turn
     else:
-        first_kept = max(0, turn - history)
+        first_kept = max(pinned, turn - history)
         # start right after the assistant turn before the first kept one
         start = a_pos[first_kept - 1] + 1 if first_kept > 0 else 0
-        local = turn - first_kept
+        local = pinned + turn - first_kept
+        head += body[: a_pos[pinned - 1] + 1] if pinned else []
     return head + body[start:end], local

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from turnrl.agent.prompting import opens_with_acknowledgement
 from turnrl.data.schema import Message, Pair, Trajectory, by_game
 from turnrl.errors import TurnRLError
 from turnrl.oracles import EnvRewardOracle, score_samples
@@ -105,7 +106,7 @@ def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
         if m.valid is False:
             return "invalid action"
         if m.action is None:
-            if _acknowledgement(traj, i, first=i == replies[0]):
+            if i == replies[0] and opens_with_acknowledgement(traj.messages):
                 continue
             return "no action"
         if _gibberish(m.content):
@@ -115,12 +116,6 @@ def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
         if run >= max_repeats:
             return "repeated action"
     return None
-
-
-def _acknowledgement(traj: Trajectory, i: int, *, first: bool) -> bool:
-    """Message ``i`` is ETO's "OK": the first reply, not played by turnrl's sampler (which records
-    every reply's ``valid``), with an observation after it (imported with any ``source``)."""
-    return first and traj.messages[i].valid is None and any(m.role == "user" for m in traj.messages[i + 1:])
 
 
 def _gibberish(text: str) -> bool:
