@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from turnrl.cli.diagnose import diagnose_app
-from turnrl.cli.options import Seed, out_dir, out_file, refuse_model_options
+from turnrl.cli.options import Seed, out_dir, out_file, refuse_model_options, sampling_options
 from turnrl.cli.output import console, err_console
 from turnrl.cli.pipelines import register as register_pipelines
 from turnrl.cli.sppo import register as register_sppo
@@ -161,9 +161,9 @@ def model_init_tiny(
 # ------------------------------------------------------------------- collect / eval
 def _policy(spec: str, temperature: float, max_new_tokens: int, history: int | None, engine: str = "hf",
             seed: int = 0) -> Any:
-    from turnrl.rollout import SamplingConfig, load_policy
+    from turnrl.rollout import load_policy
 
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    sampling = sampling_options(temperature, max_new_tokens)
     return load_policy(spec, sampling=sampling, history=history, engine=engine,
                        engine_opts={"seed": seed} if engine == "vllm" else None)
 

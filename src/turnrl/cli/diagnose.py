@@ -18,9 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from turnrl.cli.options import Seed, out_dir, refuse_model_options
+from turnrl.cli.options import Seed, out_dir, refuse_model_options, sampling_options
 from turnrl.cli.output import console
-from turnrl.errors import TurnRLError
 
 diagnose_app = typer.Typer(no_args_is_help=True, help="Decision-making diagnostics (regret, coverage, "
                                                       "frequency bias, knowing-doing gap).")
@@ -100,17 +99,7 @@ MODEL_OPTIONS = ("temperature", "max_new_tokens", "device", "fb_rationale")
 def _check_model_options(ctx: typer.Context, models: list[str], temperature: float, max_new_tokens: int) -> None:
     """Before any work: the sampling settings' values (else checked when the first model loads, after the
     scripted policies before it had run), and a model-only option given with no model policy (ignored)."""
-    from pydantic import ValidationError
-
-    from turnrl.rollout import SamplingConfig
-
-    try:
-        SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-    except ValidationError as e:
-        err = e.errors()[0]
-        key = str(err["loc"][0]) if err.get("loc") else "temperature"
-        value = temperature if key == "temperature" else max_new_tokens
-        raise TurnRLError(f"--{key.replace('_', '-')} {value}: {err['msg'].removeprefix('Value error, ')}") from None
+    sampling_options(temperature, max_new_tokens)
     if not models:
         refuse_model_options(ctx, MODEL_OPTIONS, "every --policy is scripted")
 

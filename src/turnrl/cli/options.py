@@ -38,6 +38,22 @@ def refuse_model_options(ctx: typer.Context, names: tuple[str, ...], scripted: s
                           f"{scripted} (it would be ignored); leave {'it' if one else 'them'} out")
 
 
+def sampling_options(temperature: float, max_new_tokens: int) -> Any:
+    """The :class:`~turnrl.rollout.SamplingConfig` of ``--temperature`` and ``--max-new-tokens``; a bad
+    value is one line naming the flag (``--temperature inf: must be a finite number >= 0``)."""
+    from pydantic import ValidationError
+
+    from turnrl.rollout import SamplingConfig
+
+    try:
+        return SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0]) if err.get("loc") else "temperature"
+        value = temperature if key == "temperature" else max_new_tokens
+        raise TurnRLError(f"--{key.replace('_', '-')} {value}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
 #: a ``--seed`` option: the seeds numpy and torch take (:data:`turnrl.config.SEED_RANGE`), refused in one
 #: line where it is given, not with an overflow traceback once the command has started
 Seed = Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed, 0 to 2**31 - 1.")]
