@@ -175,6 +175,20 @@ def test_exploration_bonus_and_coverage_count_arms_under_randomized_labels() -> 
     assert _coverage(traj, opts, "bandit") == pytest.approx(1 / 5)
 
 
+def test_an_action_the_env_rejected_is_not_tried_for_the_bonus() -> None:
+    """On an env that lists no actions (the shop's search page) an action the env rejects is not executed:
+    it counted as tried, so its first valid play earned no bonus."""
+    from turnrl.data.schema import Message, Trajectory
+    from turnrl.train.ppo import shaped_rewards
+
+    msgs = [Message("assistant", "Action: click[b1]", action="click[b1]", valid=False),  # the env: no such item
+            Message("assistant", "Action: click[b1]", action="click[b1]", valid=True),
+            Message("assistant", "Action: click[b1]", action="click[b1]", valid=True)]
+    traj = Trajectory("e", "shop", "shop-1", msgs, rewards=[0.0, 0.0, 0.0])
+    out, stats = shaped_rewards([traj], PPOConfig(exploration_bonus=1.0, reward_norm=False))
+    assert out == [[-5.0, 1.0, 0.0]] and stats["bonus_rate"] == pytest.approx(1 / 3)
+
+
 def test_ppo_trains_on_expected_rewards_from_the_same_rollout(tiny_dir: Path, tmp_path: Path) -> None:
     """The first rollout is the same episodes either way, and both sources are scaled by the sampled
     rewards' std (the arms' means spread less: scaling them by their own std would weigh the penalty

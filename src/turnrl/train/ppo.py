@@ -477,11 +477,12 @@ def shaped_rewards(trajs: Sequence[Trajectory], cfg: PPOConfig) -> tuple[list[li
 def _executed(t: Trajectory, turns: Sequence[Any]) -> list[Any]:
     """What each turn executed, as the exploration bonus and coverage count it: the arm the env pulled
     where it reports one (``meta["arms"]``: under the bandits' ``randomize_labels`` one label names another
-    arm at every step), else the action played."""
+    arm at every step), else the action played; None for an invalid turn's (an action the env rejected, on
+    an env that lists no actions, was not executed: it is not tried, and its first valid play earns the bonus)."""
     arms = t.meta.get("arms")
     if isinstance(arms, list) and len(arms) == len(turns):
         return list(arms)
-    return [m.action for m in turns]
+    return [None if m.valid is False else m.action for m in turns]
 
 
 def _base_rewards(t: Trajectory, source: str) -> list[float]:
