@@ -515,6 +515,8 @@ def test_a_history_window_keeps_an_imported_trajectorys_instruction(tmp_path: Pa
     """ETO's instruction is its first user message, answered "OK": with ``history=k`` it fell out of the
     window from turn k + 2 on, so SFT trained later turns without the task. It is kept as the head; a
     trajectory turnrl played (no such exchange) is windowed as before."""
+    from dataclasses import replace
+
     from turnrl.agent.prompting import agent_view
     from turnrl.data.eto import import_eto
 
@@ -533,6 +535,8 @@ def test_a_history_window_keeps_an_imported_trajectorys_instruction(tmp_path: Pa
         if turn >= 2:  # the instruction exchange, the one exchange before, the observation and the turn
             assert [m.content for m in view[2:]] == [f"obs {turn - 2}", f"Thought: t{turn - 2}\nAction: a{turn - 2}",
                                                      f"obs {turn - 1}", f"Thought: t{turn - 1}\nAction: a{turn - 1}"]
+    other = replace(t, messages=[t.messages[0], replace(t.messages[1], content="Thought: no action"), *t.messages[2:]])
+    assert agent_view(other.messages, 3, 0)[0][0].content == "obs 2"  # only ETO's "OK" opens such an exchange
     played = make_traj(0)  # turnrl's sampler records every reply's validity: no instruction exchange
     assert [m.content for m in agent_view(played.messages, 1, 0)[0]] == [played.messages[0].content, "board 2",
                                                                          "Action: 1"]

@@ -51,11 +51,12 @@ def format_turn(thought: str, action: str) -> str:
 
 def opens_with_acknowledgement(messages: Sequence[Message]) -> bool:
     """ETO's convention (:mod:`turnrl.data.eto`): the first user message is the task instruction and
-    the first reply an "OK" without an action, which turnrl's sampler did not play (it records every
+    the first reply is "OK" (no action), which turnrl's sampler did not play (it records every
     reply's ``valid``), before the first observation. Never so for a trajectory turnrl played."""
     body = [m for m in messages if m.role != "system"]
     return (len(body) > 2 and body[0].role == "user" and body[1].role == "assistant" and body[1].action is None
-            and body[1].valid is None and any(m.role == "user" for m in body[2:]))
+            and body[1].valid is None and body[1].content.strip().rstrip(".!").lower() in ("ok", "okay")
+            and any(m.role == "user" for m in body[2:]))
 
 
 def agent_view(messages: Sequence[Message], turn: int, history: int | None) -> tuple[list[Message], int]:
