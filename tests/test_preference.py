@@ -56,10 +56,12 @@ def test_shared_prefix_packing_equals_separate_sequences(tiny_model, impl: str) 
         plain = pack(flat, row_tokens=100)
         a, b = seq_logps(shared), seq_logps(plain)
         assert torch.allclose(a, b, atol=1e-5)
+        # the [R, 1, W, W] mask is built only for attention that reads it: segment attention does not
+        assert (shared.attention_mask is None) == (impl == "sdpa") and plain.attention_mask is None
         # under sdpa attention runs segment by segment; the 4-D mask alone gives the same
         assert shared.segments == [[(0, 30, [(30, 12), (42, 7)]), (49, 17, [(66, 9), (75, 20), (95, 3)])]]
         layout, shared.segments = shared.segments, None
-        assert torch.allclose(seq_logps(shared), b, atol=1e-5)
+        assert torch.allclose(seq_logps(shared), b, atol=1e-5) and shared.attention_mask is not None
         # and the mask matters: without it the suffixes see each other and log-probs change
         mask, shared.attention_mask = shared.attention_mask, torch.tril(torch.ones_like(shared.attention_mask))
         assert not torch.allclose(seq_logps(shared), b, atol=1e-3)

@@ -73,11 +73,34 @@ class PackedBatch:
     computed_tokens: int
     real_tokens: int
     #: [R, 1, W, W] bool, True where a query (dim 2) may attend to a key (dim 3); None for
-    #: plain packing (block-diagonal from ``position_ids``)
+    #: plain packing (block-diagonal from ``position_ids``), and for a shared-prefix layout until
+    #: :meth:`dense_mask` builds it (only attention that is not :func:`segment_attention` reads it)
     attention_mask: torch.Tensor | None = None
     #: the layout of every row (see :func:`segment_attention`): its units, each a prefix and its
     #: suffixes; in plain packing every sequence is a unit that is all prefix
     segments: list[RowSegments] | None = None
+    #: a shared-prefix layout's ``(group, branch)`` per position ([R, W] each), which the dense mask is made of
+    mask_parts: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def shared_layout(self) -> bool:
+        """Sequences share prefixes in a row: attention needs the layout (a 4-D mask or its segments)."""
+        return self.attention_mask is not None or self.mask_parts is not None
+
+    def dense_mask(self) -> torch.Tensor:
+        """The 4-D mask (built on first use: [R, 1, W, W] is large, and the segments make it unneeded)."""
+        if self.attention_mask is None:
+            assert self.mask_parts is not None, "plain packing has no 4-D mask"
+            group, branch = self.mask_parts
+            width = group.shape[1]
+            q = torch.arange(width)
+            causal = q.unsqueeze(1) >= q.unsqueeze(0)  # [W(query), W(key)]
+            same_group = (group.unsqueeze(2) == group.unsqueeze(1)) & (group.unsqueeze(2) >= 0)
+            visible_branch = (branch.unsqueeze(1) == 0) | (branch.unsqueeze(2) == branch.unsqueeze(1))
+            allowed = same_group & visible_branch & causal
+            allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty softmax rows)
+            self.attention_mask = allowed.unsqueeze(1)
+        return self.attention_mask
 
 
 def _first_fit_decreasing(lengths: Sequence[int], row_tokens: int) -> tuple[list[list[int]], list[int]]:
@@ -202,15 +225,6 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
                         turn_idx.append(s.turn_index[j])
                 col += n - p
         segments.append(row_segments)
-    mask = None
-    if shared:
-        q = torch.arange(width)
-        causal = q.unsqueeze(1) >= q.unsqueeze(0)  # [W(query), W(key)]
-        same_group = (group.unsqueeze(2) == group.unsqueeze(1)) & (group.unsqueeze(2) >= 0)
-        visible_branch = (branch.unsqueeze(1) == 0) | (branch.unsqueeze(2) == branch.unsqueeze(1))
-        allowed = same_group & visible_branch & causal
-        allowed |= torch.eye(width, dtype=torch.bool)  # padding attends to itself (no empty softmax rows)
-        mask = allowed.unsqueeze(1)
     return PackedBatch(
         input_ids=ids,
         position_ids=pos,
@@ -221,8 +235,8 @@ def _layout(units: Sequence[Sequence[Tokenized]], *, row_tokens: int, pad_id: in
         num_seqs=first_seq[-1],
         computed_tokens=len(rows) * width,
         real_tokens=sum(fill),
-        attention_mask=mask,
         segments=segments,
+        mask_parts=(group, branch) if shared else None,
     )
 
 
@@ -253,7 +267,6 @@ def sliding_window(config: Any) -> tuple[int | None, bool]:
 def _model_mask(model: Any, batch: PackedBatch, device: Any) -> torch.Tensor | dict[str, torch.Tensor]:
     """The batch's 4-D mask in the form the model's attention implementation takes: banded by
     position for windowed layers, a ``{layer type: mask}`` dict where full and windowed layers mix."""
-    assert batch.attention_mask is not None
     config = _config(model)
     impl = getattr(config, "_attn_implementation", "sdpa") or "sdpa"  # DDP/PEFT wrappers looked through
     if "flash" in impl:
@@ -272,12 +285,19 @@ def _model_mask(model: Any, batch: PackedBatch, device: Any) -> torch.Tensor | d
         return mask
 
     window, mixed = sliding_window(config)
+    if _segment_mode(model, batch):
+        # segment_attention reads the layout, not the mask: a placeholder of the mask's shape, which
+        # transformers passes through as it passes any 4-D mask (no [R, 1, W, W] built or copied)
+        rows, width = batch.input_ids.shape
+        placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device).expand(rows, 1, width, width)
+        return {"full_attention": placeholder, "sliding_attention": placeholder} if mixed else placeholder
+    dense = batch.dense_mask()
     pos = batch.position_ids
     if window is None or pos.numel() == 0 or int(pos.max()) < window:  # no sequence is longer than the window
-        return form(batch.attention_mask)
-    banded = batch.attention_mask & _band(pos, pos, window).unsqueeze(1)  # the diagonal stays: padding sees itself
+        return form(dense)
+    banded = dense & _band(pos, pos, window).unsqueeze(1)  # the diagonal stays: padding sees itself
     if mixed:
-        return {"full_attention": form(batch.attention_mask), "sliding_attention": form(banded)}
+        return {"full_attention": form(dense), "sliding_attention": form(banded)}
     return form(banded)
 
 
@@ -388,6 +408,12 @@ def _checkpointing(model: Any) -> bool:
     return False
 
 
+def _segment_mode(model: Any, batch: PackedBatch) -> bool:
+    """Whether :func:`_segments_active` runs ``batch``'s attention as :func:`segment_attention`."""
+    impl = getattr(_config(model), "_attn_implementation", None)
+    return batch.segments is not None and impl == "sdpa" and not _checkpointing(model)
+
+
 @contextlib.contextmanager
 def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
     """Run the model's attention as :func:`segment_attention` over ``batch``'s layout, when the
@@ -395,11 +421,12 @@ def _segments_active(model: Any, batch: PackedBatch) -> Iterator[None]:
     checkpointing: the backward pass recomputes attention outside this context, and a
     recomputation must save the tensors the forward saved, so there attention runs on the 4-D
     mask (shared prefixes) or the block-diagonal one (plain packing), at the dense cost."""
-    config = _config(model)
-    impl = getattr(config, "_attn_implementation", None)
-    if batch.segments is None or impl != "sdpa" or _checkpointing(model):
+    if not _segment_mode(model, batch):
         yield
         return
+    assert batch.segments is not None
+    config = _config(model)
+    impl = config._attn_implementation
     from transformers import AttentionInterface
 
     AttentionInterface.register(_SEGMENT_ATTENTION, segment_attention)
@@ -417,7 +444,7 @@ def forward_packed(model: Any, batch: PackedBatch, **kwargs: Any) -> Any:
     ``position_ids``; a shared-prefix layout passes its 4-D mask in the form the model's
     attention takes and, under ``sdpa``, runs :func:`segment_attention`."""
     device = next(model.parameters()).device
-    if batch.attention_mask is not None:
+    if batch.shared_layout:
         kwargs["attention_mask"] = _model_mask(model, batch, device)
     with _segments_active(model, batch):
         return model(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
