@@ -425,3 +425,11 @@ def test_whole_file_outputs_write_through_a_symlink_and_into_a_device(tmp_path: 
     finally:
         os.close(reader)
     assert not fifo.is_file()  # still the FIFO, not a file put in its place
+
+
+def test_an_error_line_keeps_bracketed_text(tmp_path: Path, capsys) -> None:
+    """rich reads ``[bold]`` or ``[ray]`` as a style tag and drops it: ``pip install 'turnrl[ray]'`` printed
+    as ``pip install 'turnrl'``. The message is escaped, so a path or a hint with brackets comes out whole."""
+    missing = tmp_path / "runs[ray]" / "x[bold].jsonl"
+    code, _, err = run(["data", "validate", str(missing)], capsys)
+    assert one_line_error(code, err) == f"error: {missing}: no such file"

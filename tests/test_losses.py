@@ -580,6 +580,11 @@ def test_archer_v_loss_twin_and_min_targets() -> None:
     v1, v2, t1, t2 = torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([-2.0])
     assert archer_v_loss(v1, v2, t1, t2)[0].item() == pytest.approx(5.0)
     assert archer_v_loss(v1, v2, t1, t2, use_min=True)[0].item() == pytest.approx(8.0)
+    # the targets are detached inside (their docstring): no gradient reaches the target critic
+    v1, t1, t2 = (torch.tensor([x], requires_grad=True) for x in (0.0, 1.0, -2.0))
+    for use_min in (False, True):
+        archer_v_loss(v1, v1, t1, t2, use_min=use_min)[0].sum().backward()
+        assert t1.grad is None and t2.grad is None and v1.grad is not None
 
 
 def test_archer_advantage_is_min_q_minus_min_v() -> None:
@@ -599,6 +604,10 @@ def test_archer_actor_loss_utterance_and_token_baselines() -> None:
     assert m["advantage"].tolist() == pytest.approx([2.0, -1.0]) and m["logp"].tolist() == pytest.approx([-3.0, -0.5])
     losses.sum().backward()
     assert lp.grad is not None and lp.grad.flatten().tolist() == pytest.approx([-2.0, -2.0, 0.0, 1.0, 0.0, 0.0])
+    # the advantage is a weight, detached: no gradient reaches the critic's Q or V through the actor's loss
+    qg, vg = (x.clone().requires_grad_() for x in (q, v))
+    archer_actor_loss(lp.detach().requires_grad_(), mask, qg, vg)[0].sum().backward()
+    assert qg.grad is None and vg.grad is None
     # token baseline b = [[0, 3, x], [1, x, x]]: weights (3, 0) and (0): L = (-(3*-1 + 0*-2), 0) = (3, 0)
     tb = torch.tensor([[0.0, 3.0, 5.0], [1.0, 5.0, 5.0]])
     losses2, _ = archer_actor_loss(lp, mask, q, tb)

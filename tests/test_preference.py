@@ -307,6 +307,19 @@ def test_step_pairs_share_the_expert_prefix_and_train_one_turn() -> None:
     assert p.chosen.actions == ["1", "2"] and p.rejected.actions == ["1", "5"]
     # a trajectory pair builder ignores step-wise explorations
     assert P.trajectory_pairs([expert], [branch]) == []
+    # the same move as the expert's at the trained turn: both sides would be one text there, no preference
+    same = _traj("a", ["1", "2", "6"], -1.0, meta={"expert_turns": 1})
+    stats = {}
+    assert P.step_pairs([expert], [same], stats=stats) == [] and stats["same_return"] == 1
+    # clean losers: a loser invalid at the trained turn is dropped; one invalid only after the cut is kept
+    bad = _traj("a", ["1", "5", "6"], -1.0, meta={"expert_turns": 1})
+    bad.messages[4] = replace(bad.messages[4], valid=False)  # turn 1, the trained one
+    late = _traj("a", ["1", "5", "6"], -1.0, meta={"expert_turns": 1})
+    late.messages[6] = replace(late.messages[6], valid=False)  # turn 2, cut away
+    stats = {}
+    assert len(P.step_pairs([expert], [bad], losers="noisy")) == 1
+    assert P.step_pairs([expert], [bad], losers="clean", stats=stats) == [] and stats["dropped_invalid_action"] == 1
+    assert len(P.step_pairs([expert], [late], losers="clean")) == 1
 
 
 def test_self_play_pairs_and_scored_win_rates() -> None:

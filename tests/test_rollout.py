@@ -407,7 +407,16 @@ def test_collection_resumes_without_redoing_episodes(tmp_path) -> None:
     lines = out.read_text().splitlines()
     # simulate a kill during the write of the 6th episode: a partial line at the end
     out.write_text("\n".join(lines) + "\n" + lines[0][:50])
-    full = run_policy(ExpertPolicy(), "tictactoe", episodes=12, out=out)
+
+    class Counting(ExpertPolicy):  # how many episodes the resumed run plays (their first turns)
+        started = 0
+
+        def act(self, requests):  # type: ignore[no-untyped-def]
+            Counting.started += sum(r.turn == 0 for r in requests)
+            return super().act(requests)
+
+    full = run_policy(Counting(), "tictactoe", episodes=12, out=out)
+    assert Counting.started == 7  # the 5 finished episodes are not played again (the file would hide it)
     again = sorted(read_trajectories(out), key=lambda t: t.id)  # written in the order episodes end
     assert [t.id for t in again] == [t.id for t in full]
     assert len({t.id for t in again}) == 12

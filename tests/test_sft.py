@@ -157,3 +157,25 @@ def test_load_trajectories_names_a_file_that_is_not_utf8(tmp_path: Path) -> None
     path.write_bytes(gzip.compress(b'{"task_id": "t"}\n' * 50))
     with pytest.raises(TurnRLError, match=str(path)):
         load_trajectories(path)
+
+
+def test_a_history_window_trains_each_turn_once_in_its_own_view(tiny_tokenizer) -> None:
+    """With ``history`` each turn is its own sequence, the context as the agent had it, and only that turn
+    carries the loss: an earlier turn shown in a later view is context (else it trained once per view)."""
+    from turnrl.agent.prompting import agent_view
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.sft import encode_trajectories
+
+    chat = ChatFormat(tiny_tokenizer)
+    traj = run_policy(ExpertPolicy(), "tictactoe", episodes=1, env_opts={"opponent": "random"})[0]
+    assert traj.num_turns >= 3
+    for history in (0, 1):
+        examples, stats = encode_trajectories([traj], chat, max_length=4096, history=history)
+        assert len(examples) == traj.num_turns and stats["skipped_too_long"] == 0
+        for turn, enc in enumerate(examples):
+            trained = {t for t, m in zip(enc.turn_index, enc.action_mask, strict=True) if m}
+            assert trained == {turn}  # the turn's own tokens only, numbered as in the whole episode
+            view, _ = agent_view(traj.messages, turn, history)
+            assert enc.input_ids[: len(chat.prompt_ids(view[:-1]))] == chat.prompt_ids(view[:-1])
+    (whole,) = encode_trajectories([traj], chat, max_length=4096)[0]
+    assert {t for t, m in zip(whole.turn_index, whole.action_mask, strict=True) if m} == set(range(traj.num_turns))
