@@ -434,7 +434,8 @@ def test_finish_order_by_hand() -> None:
 
 
 @pytest.mark.parametrize(("env", "num_envs"), [("shop", 4), ("twenty_questions", 3), ("tictactoe", 8)])
-def test_a_resumed_collection_writes_the_file_of_an_uninterrupted_run(tmp_path, env: str, num_envs: int) -> None:
+def test_a_resumed_collection_writes_the_file_of_an_uninterrupted_run(tmp_path, env: str, num_envs: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The file is written in the order episodes finish; a resumed collection's first part came from
     another schedule, so its file differed in order, and the pipelines that read it back (pairs, RFT and
     SFT data, SPPO's samples) then trained on batches in another order than an uninterrupted run's. It is
@@ -454,9 +455,23 @@ def test_a_resumed_collection_writes_the_file_of_an_uninterrupted_run(tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=part, progress=kill)
     assert 7 <= len(part.read_text().splitlines()) < 30
+    if env == "tictactoe":  # the resume killed at its rewrite: every episode there, in the order of two runs
+        import turnrl.collect as collect
+
+        def killed(*_: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(collect, "write_jsonl", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=part)
+        assert len(part.read_text().splitlines()) == 30 and part.read_bytes() != whole.read_bytes()
+        monkeypatch.undo()
     run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=part)
     assert part.read_bytes() == whole.read_bytes()
     assert [json.loads(line)["id"] for line in whole.read_text().splitlines()] != plan  # finish order
+    before = whole.stat().st_mtime_ns  # an uninterrupted file is in its order: never rewritten
+    run_policy(RandomPolicy(), env, episodes=30, num_envs=num_envs, out=whole)
+    assert whole.stat().st_mtime_ns == before
 
 
 def test_collection_refuses_to_resume_another_split_or_other_sampling(tmp_path, tiny_model, tiny_tokenizer) -> None:

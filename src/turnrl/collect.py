@@ -129,12 +129,14 @@ def run_policy(
     by_id = {**done, **{t.id: t for t in new}}
     trajs = [by_id[s.episode_id(env_name)] for s in specs]
     ids = [t.id for t in trajs]
-    if out is not None and done and new and set(done) <= set(ids):
+    if out is not None and done and set(done) <= set(ids):
         # resumed: the file holds the episodes in the order they finished across the runs; it is rewritten
         # in the order one uninterrupted run writes, which what reads it back (pairs, training data) keeps.
+        # Also when nothing was left to play: a resumed run killed before its rewrite left that order behind.
         # A file that also holds episodes of another plan (a longer collection's) is left as it is
         order = finish_order(ids, {t.id: t.num_turns for t in trajs}, num_envs)
-        write_jsonl(out, [by_id[i] for i in order])
+        if [*done, *(t.id for t in new)] != order:
+            write_jsonl(out, [by_id[i] for i in order])
     return trajs
 
 
