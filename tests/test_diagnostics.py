@@ -259,7 +259,7 @@ def test_cli_errors_are_one_line(extra: list[str], needle: str, tmp_path: Path, 
     assert not (tmp_path / "d" / "diagnostics.json").exists()
 
 
-def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path) -> None:
+def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = diagnose(["linucb", "random"], tmp_path / "cb", DiagnoseConfig(env="contextual_bandit", instances=8,
                                                                         env_opts={"horizon": 20}))
     assert data["plots"] == ["regret.png", "coverage.png"]
@@ -268,6 +268,17 @@ def test_contextual_diagnosis_has_regret_and_coverage_only(tmp_path: Path) -> No
     (tmp_path / "cb" / "knowing_doing.png").write_bytes(b"an earlier run's plot")
     diagnose(["linucb"], tmp_path / "cb", DiagnoseConfig(env="contextual_bandit", instances=2, env_opts={"horizon": 5}))
     assert sorted(p.name for p in (tmp_path / "cb").glob("*.png")) == ["coverage.png", "regret.png"]
+    # a rerun killed among its plots leaves no diagnostics.json beside a mix of two runs' PNGs
+    import turnrl.diagnostics.plots as plots
+
+    def killed(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_coverage", killed)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose(["random"], tmp_path / "cb", DiagnoseConfig(env="contextual_bandit", instances=2,
+                                                             env_opts={"horizon": 5}))
+    assert not (tmp_path / "cb" / "diagnostics.json").exists()
 
 
 @pytest.mark.slow  # about 2 minutes of one core; CI runs it (smoke tests are run by hand)

@@ -630,6 +630,9 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # diagnostics.json is what says a folder is complete: an earlier run's goes before this run's first
+    # plot, so that a kill among the plots leaves no JSON beside a mix of two runs' PNGs; this run's is last
+    (out / "diagnostics.json").unlink(missing_ok=True)
     pngs = [plots.plot_regret(records, out / "regret.png", title=_title(env, cfg)),
             plots.plot_coverage(records, out / "coverage.png", title=_title(env, cfg))]
     if fb_all:
