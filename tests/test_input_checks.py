@@ -75,6 +75,34 @@ def test_init_tiny_replaces_an_earlier_tiny_model(tmp_path: Path) -> None:
     (out / "stale.bin").write_text("old")
     build_tiny(out, episodes_per_split=2, env_names=("tictactoe",))
     assert (out / "config.json").is_file() and not (out / "stale.bin").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+def test_init_tiny_killed_while_removing_the_earlier_model_leaves_a_whole_one(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The earlier model was deleted in place: a kill midway left a folder with no marker or weights,
+    which the rerun refused as a user's. It is renamed aside first, so ``out`` is always a whole model."""
+    import shutil
+
+    import turnrl.models.tiny as tiny
+
+    out = tmp_path / "tiny"
+    tiny.build_tiny(out, episodes_per_split=2, env_names=("tictactoe",))
+    rmtree = shutil.rmtree
+
+    def killed(path: object, *_: object, **__: object) -> None:
+        if ".old-" in str(path) and Path(str(path)).exists():  # deleting the earlier model, the new one in place
+            (Path(str(path)) / "TURNRL_TINY").unlink()  # half deleted
+            raise KeyboardInterrupt
+        rmtree(str(path), ignore_errors=True)
+
+    monkeypatch.setattr(tiny.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.build_tiny(out, episodes_per_split=2, env_names=("tictactoe",), seed=1)
+    monkeypatch.undo()
+    assert "seed=1" in (out / "TURNRL_TINY").read_text() and (out / "model.safetensors").is_file()
+    tiny.build_tiny(out, episodes_per_split=2, env_names=("tictactoe",), seed=2)  # a rerun replaces it
+    assert "seed=2" in (out / "TURNRL_TINY").read_text()
 
 
 def test_collect_refuses_to_resume_another_runs_file(tmp_path: Path, capsys) -> None:

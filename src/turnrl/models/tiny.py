@@ -10,6 +10,7 @@ that knows anything. Nothing is downloaded.
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import shutil
@@ -157,10 +158,14 @@ def build_tiny(out: str | Path, *, preset: str = "tiny", seed: int = 0, episodes
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "TURNRL_TINY").write_text(f"{TINY_VERSION} preset={preset} seed={seed}\n")
-    if out.exists():
-        shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    old = out.with_name(out.name + f".old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():  # renamed aside, then deleted: a kill while deleting leaves no half-deleted model at ``out``
+        os.replace(out, old)
     os.replace(tmp, out)
+    for aside in out.parent.glob(f"{glob.escape(out.name)}.old-*"):  # this one, and any a kill left behind
+        shutil.rmtree(aside, ignore_errors=True)
     return out
 
 
