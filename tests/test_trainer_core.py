@@ -609,3 +609,16 @@ def test_dropout_setting_is_hashed_only_for_a_model_that_drops_out(tmp_path: Pat
     model = dropped.unwrapped_model.train()
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, model.eval()(input_ids=x).logits)
+
+
+def test_lora_is_refused_where_parameters_are_sharded() -> None:
+    """Under FSDP or ZeRO-3 the main process's copy of a parameter is a shard: the final save wrote the
+    adapter and merged model from it. LoRA is refused there (DDP and ZeRO-2 keep whole parameters)."""
+    from turnrl.train.core import check_lora_sharding
+
+    for kind, stage in (("DistributedType.FSDP", None), ("DistributedType.DEEPSPEED", 3)):
+        with pytest.raises(TurnRLError, match=r"^lora under (FSDP|DeepSpeed ZeRO-3): the final save would write"):
+            check_lora_sharding(kind, stage, lora=True)
+        check_lora_sharding(kind, stage, lora=False)  # a full fine-tune is gathered on save
+    for kind, stage in (("DistributedType.MULTI_GPU", None), ("DistributedType.DEEPSPEED", 2), ("DistributedType.NO", None)):
+        check_lora_sharding(kind, stage, lora=True)

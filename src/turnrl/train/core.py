@@ -489,6 +489,27 @@ def quiet_tied_weight_warning(*models: torch.nn.Module) -> Any:
         log.removeFilter(f)
 
 
+def _zero_stage(acc: Any) -> int | None:
+    """DeepSpeed's ZeRO stage under ``acc`` (None without DeepSpeed)."""
+    plugin = getattr(getattr(acc, "state", None), "deepspeed_plugin", None)
+    stage = getattr(plugin, "zero_stage", None)
+    return int(stage) if stage is not None else None
+
+
+def check_lora_sharding(distributed_type: str, zero_stage: int | None, lora: bool) -> None:
+    """Refuse LoRA where the parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3). The
+    final save writes the adapter and the merged model from the main process's own copy of the
+    parameters, which there holds a shard (or nothing) of each: the files would be broken. Not run on
+    GPUs here, so refused rather than left to fail at the end of a run. LoRA's trainable state is
+    small: DDP (``ddp.yaml``) or ZeRO-2 fit it."""
+    sharded = "FSDP" in distributed_type or ("DEEPSPEED" in distributed_type and zero_stage == 3)
+    if lora and sharded:
+        what = "FSDP" if "FSDP" in distributed_type else "DeepSpeed ZeRO-3"
+        raise TurnRLError(f"lora under {what}: the final save would write the adapter and merged model from sharded "
+                          "parameters; launch with configs/accelerate/ddp.yaml or deepspeed_zero2.yaml (LoRA's "
+                          "trainable state is small), or train without lora")
+
+
 class Trainer:
     """Runs ``objective`` over ``dataset`` with exact accumulation, checkpoints and resume.
 
@@ -556,6 +577,7 @@ class Trainer:
                 f"train.grad_accum={cfg.grad_accum} under DeepSpeed: its engine steps after every backward; "
                 "set grad_accum=1 and raise batch_size (or the number of processes) instead"
             )
+        check_lora_sharding(str(acc.distributed_type), _zero_stage(acc), cfg.lora is not None or _is_peft(model))
         if cfg.mixed_precision == "fp16" and acc.device.type == "cpu":
             raise TurnRLError("train.mixed_precision=fp16 needs a GPU: on the CPU accelerate does no fp16 autocast "
                               "and would train in float32; use bf16 or no")
