@@ -275,6 +275,12 @@ def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
         torch.testing.assert_close(
             merged(input_ids=ids).logits, peft_model(input_ids=ids).logits, atol=1e-5, rtol=0
         )
+    # the adapter folder given where a model is expected: the error points at the merged model
+    from turnrl.models.loading import resolve_model_path
+
+    with pytest.raises(TurnRLError, match=r"adapter: not a model directory \(no config\.json\); it is a LoRA "
+                                          r"adapter: the merged model is .*model$"):
+        resolve_model_path(str(tmp_path / "adapter"))
 
 
 def test_lora_on_a_half_precision_base_trains_float32(tmp_path: Path) -> None:

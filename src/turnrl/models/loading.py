@@ -48,7 +48,10 @@ def _local_dir(text: str) -> Path | None:
                     f"with `huggingface-cli download {text}` or run from another folder)")
         raise TurnRLError(f"model path not found: {text}{hint}")
     if not (p / "config.json").is_file():
-        raise TurnRLError(f"{text}: not a model directory (no config.json)")
+        merged = p.parent / "model"
+        hint = (f"; it is a LoRA adapter: the merged model is {merged}" if (p / "adapter_config.json").is_file()
+                and (merged / "config.json").is_file() else "")
+        raise TurnRLError(f"{text}: not a model directory (no config.json){hint}")
     return p
 
 
