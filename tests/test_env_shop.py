@@ -151,3 +151,12 @@ def test_checker_and_sampler() -> None:
     for split in ("seen", "unseen"):
         trajs = run_policy(ExpertPolicy(), "shop", split=split, episodes=10, num_envs=4)
         assert all(t.success and t.return_ == 1.0 for t in trajs)
+
+
+def test_two_commands_in_one_action_are_invalid() -> None:
+    """``search[a] click[b]`` read greedily as one search for ``a] click[b``."""
+    env = envs.make("shop")
+    env.reset(options={"task_id": env.task_ids("train")[0]})
+    obs, _, _, _, info = env.step("search[mug] click[b1]")
+    assert obs.startswith("Invalid action") and info["invalid"]
+    assert not env.step("search[red mug [large]]")[4].get("invalid")  # brackets inside one search are its words

@@ -109,7 +109,10 @@ def test_free_text_questions_are_understood_or_refused() -> None:
         "Is it an animal?": "Yes.",
         "is it a kind of animal": "Yes.",  # loose match: every content word of "Is it an animal?"
         "Does it live in the ocean?": "Yes.",  # alias
-        "Do sharks have wheels": "No.",
+        "Do sharks have wheels": "I can't answer that",  # "sharks" asks about another thing than "it"
+        "Does it have wheels": "No.",
+        "Is it a sea animal?": "I can't answer that",  # not "Is it an animal?" (answered Yes for a dog too)
+        "Is it really some kind of animal?": "Yes.",  # words that qualify no question
         "Is it a mammal or a fish?": "Please ask one question at a time.",
         "What is your favourite colour?": "I can't answer that",
         "Is it a whale?": "No, it is not a whale.",
@@ -118,6 +121,8 @@ def test_free_text_questions_are_understood_or_refused() -> None:
         obs, r, *_ = env.step(question)
         assert obs.startswith(start) and r == -1.0, (question, obs)
     assert env.step("It is a shark.")[1:3] == (0.0, True)
+    env.reset(options={"task_id": "20q-shark"})
+    assert env.step("It is a shark.")[0].endswith("You found it in 1 question.")
 
 
 def test_city_open_questions_and_aliases() -> None:

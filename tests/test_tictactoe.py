@@ -373,3 +373,13 @@ def test_an_opening_the_opponent_could_end_before_the_agent_moves_is_refused(age
     for split in ("train", "seen", "unseen"):  # no task of the splits is such an opening
         for t in env.task_ids(split)[:: 7]:
             env.reset(options={"task_id": t})
+
+
+def test_a_long_digit_string_is_an_invalid_move() -> None:
+    """``int()`` refuses more than 4300 digits: a 5000-digit reply raised ValueError out of ``step``
+    (the env promises an invalid move, not an exception). Leading zeros still name a cell."""
+    env = make("tictactoe", opponent="random")
+    env.reset(options={"task_id": env.task_ids("train")[0]})
+    obs, reward, _, _, info = env.step("1" * 5000)
+    assert obs.startswith("Invalid move") and info["invalid"] and reward == 0.0
+    assert not env.step("004")[4]["invalid"]

@@ -525,6 +525,8 @@ class Shop(TextEnv):
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
         m = re.fullmatch(r"(search|click)\[(.*)\]", text, re.DOTALL | re.IGNORECASE)
+        if m and re.search(r"\]\s*(?:search|click)\[", m.group(2), re.IGNORECASE):
+            m = None  # two commands in one ("search[a] click[b]"): no search for "a] click[b"
         kind, arg = (m.group(1).lower(), m.group(2).strip()) if m else ("", "")
         error = None
         if kind == "search" and self._page.kind == "search" and arg:

@@ -307,7 +307,8 @@ class TicTacToe(TextEnv):
         board = self.running(self._board, over=self._done)
         self._turns += 1
         text = action.strip() if isinstance(action, str) else ""
-        cell = int(text) if re.fullmatch(r"[0-9]+", text) else -1
+        # digits only, at most a few past leading zeros: a long string is an invalid move, not int()'s ValueError
+        cell = int(text.lstrip("0") or "0") if re.fullmatch(r"0*[0-9]{1,3}", text) else -1
         if not 0 <= cell <= 8 or board[cell] != EMPTY:
             why = f"cell {cell} is taken" if 0 <= cell <= 8 else "choose an empty cell 0-8"
             truncated = self._turns >= self.max_turns

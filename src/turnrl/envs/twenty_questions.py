@@ -101,6 +101,12 @@ def _stem(word: str) -> str:
 _COMPOUND = frozenset("not no nor neither either never or and but isnt doesnt dont cant arent wasnt".split())
 
 
+#: words that qualify no question ("Is it some kind of animal?"): free text may add them to a listed
+#: question's; any other word it adds (a "sea" animal, "three" wheels) asks another question, refused
+_FILLER = frozenset(_stem(w) for w in "some kind sort type really actually generally typically usually normally "
+                    "commonly often maybe perhaps possibly at all ever something someone somewhere color colour".split())
+
+
 def _content(text: str) -> frozenset[str]:
     return frozenset(_stem(w) for w in _norm(text).split() if w not in _STOP)
 
@@ -140,6 +146,8 @@ class QAGame(TextEnv):
         self._words = {q.text: {w for t in (q.text, *q.aliases) for w in _norm(t).split()} for q in self.questions}
         # compound words that no listed question uses: a text with one is refused before any matching
         self._compound = _COMPOUND - set().union(*self._words.values())
+        # the content words free text may use for each listed question: its own and its aliases'
+        self._own = {q.text: frozenset().union(*(_content(t) for t in (q.text, *q.aliases))) for q in self.questions}
         self._names: dict[str, Item] = {}
         for it in self.items:
             for n in (it.name, *it.aliases):
@@ -204,7 +212,7 @@ class QAGame(TextEnv):
             self._done = True
             info = self._info(kind="guess", question=text)
             info.update(won=True, success=True, outcome="win", questions=self._turns)
-            return f"Yes! It is {secret.phrase}. You found it in {self._turns} questions.", 0.0, True, False, info
+            return f"Yes! It is {secret.phrase}. You found it in {self._turns} question{'' if self._turns == 1 else 's'}.", 0.0, True, False, info
         invalid = kind == "unknown"
         if kind == "guess" and target is not None:
             self._alive = [it for it in self._alive if it is not target]
@@ -291,6 +299,9 @@ class QAGame(TextEnv):
                     return "unknown", "Please ask one question at a time.", None
                 if joins - self._words[tied[0].text]:  # "a pet or a farm animal": not the question's own "or"
                     return "unknown", "Please ask one question at a time.", None
+                if words - self._own[tied[0].text] - _FILLER:  # "a sea animal", "three wheels": another question
+                    return ("unknown", f"I can't answer that; ask one of the listed questions or guess the "
+                            f"{self.noun}.", None)
                 q = tied[0]
         if q is None:
             return "unknown", f"I can't answer that; ask one of the listed questions or guess the {self.noun}.", None
