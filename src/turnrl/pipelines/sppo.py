@@ -40,6 +40,7 @@ Departures from the paper (Wu et al., 2024):
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -178,9 +179,12 @@ def build_data(cfg: SPPOConfig, samples: list[Trajectory], scored_out: Path, dat
                              "min_win_rate": min(rates), "max_win_rate": max(rates)}
     if cfg.loss == "sppo":
         data = select_samples(scored, cfg.select)
-        decided = len(select_samples(scored, "best_worst")) // 2
-        if not data or not decided:  # with select=all every target would be eta * 0: an iteration that trains nothing
+        if not data:
             raise TurnRLError(f"{data_out}: no training samples (every task's samples tie under the oracle)")
+        decided = len(select_samples(scored, "best_worst")) // 2
+        if not decided:  # select=all: every target is eta * 0, so from the reference the step changes nothing
+            logging.getLogger(__name__).warning("%s: every task's samples tie under the oracle: this iteration's "
+                                                "targets are all 0 and it trains nothing (decided_tasks 0)", data_out)
         write_jsonl(data_out, data)
         stats["train_samples"] = len(data)
         stats["decided_tasks"] = decided
