@@ -25,8 +25,13 @@ from turnrl.stats import paired_by_unit
 
 
 def returns_by_game(path: Path) -> dict[tuple[str, str, object], float]:
-    """Each game's return in an evaluation file, keyed by (split, task, env seed)."""
-    return {(t.split, t.task_id, t.meta.get("seed")): t.return_ for t in iter_trajectories(path)}
+    """Each game's return in an evaluation file, keyed by (split, task, env seed). A game played more
+    than once (Best-of-N's N samples of it) counts with its best return, as compare's row does."""
+    out: dict[tuple[str, str, object], float] = {}
+    for t in iter_trajectories(path):
+        key = (t.split, t.task_id, t.meta.get("seed"))
+        out[key] = max(out.get(key, t.return_), t.return_)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,15 @@ def test_paired_by_game_table(tmp_path: Path, script, capsys: pytest.CaptureFixt
     # per game, the mean over seeds 0 and 1 of row - sft: t0 0, t1 (1 + 1)/2 = 1, t2 (0 + 1)/2 = 0.5
     half = 4.303 * math.sqrt(0.25) / math.sqrt(3)
     assert line == (f"| eto γ = 1 (left out: seed-2) | 2 | 3 | +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | 2 / 1 / 0 |")
+    # Best-of-N's file holds N samples of each game: the game counts with its best, as compare's row does
+    for seed in (0, 1):
+        d = out / f"seed-{seed}"
+        _games(d / "bon.jsonl", [1, 1, 1])
+        (d / "bon.jsonl").write_text((d / "bon.jsonl").read_text() + (d / "row.jsonl").read_text())
+    assert script.main([str(out), "--row", "bon=bon.jsonl"]) == 0
+    # per game, best 1 minus sft: t0 (0 + 0)/2 = 0, t1 (1 + 1)/2 = 1, t2 (2 + 2)/2 = 2; mean 1, sd 1
+    half = 4.303 * 1.0 / math.sqrt(3)
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"| bon (left out: seed-2) | 2 | 3 | +1.000 [{1 - half:+.3f}")
     assert script.main([str(out), "--row", "eto=nope.jsonl"]) == 2
     assert "no seed has both nope.jsonl and sft-eval-seen.jsonl" in capsys.readouterr().err
 

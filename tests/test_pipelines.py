@@ -569,6 +569,10 @@ def test_aggregate_uses_last_iteration_and_ci_across_seeds() -> None:
     v = verdicts(CompareConfig(methods=["sft", "eto"]), list(rows.values()))
     assert any("eto vs sft" in line and "above (CIs do not overlap)" in line
                and "paired difference +0.500" in line and "(above 0; 3 up, 0 down)" in line for line in v)
+    # a row clearly below its comparison is "below", not "not separated" (ETO's first iteration here: 0.0)
+    low = aggregate([r for r in recs if not (r["method"] == "eto" and r["iteration"] == 2)])
+    assert any("eto vs sft" in line and "**below (CIs do not overlap)**" in line
+               for line in verdicts(CompareConfig(methods=["sft", "eto"]), low))
     one = aggregate([_rec("sft", 0, "seen", 0.1), _rec("eto", 0, "seen", 0.9, iteration=1)])
     assert "no verdict" in verdicts(CompareConfig(methods=["sft", "eto"]), one)[0]
     recs += [_rec("sppo", s, "seen", r, iteration=3) for s, r in enumerate([0.3, 0.1, 0.2])]

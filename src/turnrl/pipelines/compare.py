@@ -446,7 +446,7 @@ def _row(rows: list[Record], method: str, split: str) -> Record | None:
 
 
 def _versus(r: Record, base: Record) -> str:
-    """``r`` against ``base``: above with non-overlapping CIs, or not separated."""
+    """``r`` against ``base``: above or below with non-overlapping CIs, or not separated."""
     head = f"{r['avg_reward']:.3f} {_ci(r)} vs {base['avg_reward']:.3f} {_ci(base)} -> "
     if min(r["seeds"], base["seeds"]) < 2:
         return head + "one seed: no CI across seeds, no verdict"
@@ -459,8 +459,9 @@ def _versus(r: Record, base: Record) -> str:
     if g is not None and g["games"] >= 2:
         paired += (f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games "
                    f"({_side(g)}; {g['up']} up, {g['down']} down)")
-    if r["avg_reward"] > base["avg_reward"] and not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
-        return head + "**above (CIs do not overlap)**" + paired
+    if not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
+        side = "above" if r["avg_reward"] > base["avg_reward"] else "below"
+        return head + f"**{side} (CIs do not overlap)**" + paired
     return head + "not separated" + paired
 
 
