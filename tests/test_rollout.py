@@ -88,6 +88,44 @@ def test_engine_ignores_the_models_own_generation_settings(tiny_model, tiny_toke
     assert [(g.token_ids, g.finished) for g in forced] == [(g.token_ids, g.finished) for g in plain]
 
 
+def test_a_model_saved_without_its_cache_samples_as_one_with_it(tiny_model, tiny_tokenizer) -> None:
+    """A checkpoint saved with ``use_cache=false`` (gradient checkpointing elsewhere) reloads with
+    ``generation_config.use_cache`` off: generate then reran the whole sequence on top of the shared
+    prefix's cache every step, sampling other tokens with log-probs off by 0.05."""
+    import copy
+
+    chat = ChatFormat(tiny_tokenizer)
+    a = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")
+    prompts = [a, a[:6], a]  # repeated prompts: the shared-prefix path
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
+    plain = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling, seeds=[1, 2, 3])
+    saved = copy.deepcopy(tiny_model.generation_config)
+    try:
+        tiny_model.generation_config.use_cache = False
+        tiny_model.generation_config.guidance_scale = 3.0
+        off = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids).generate(prompts, sampling, seeds=[1, 2, 3])
+    finally:
+        tiny_model.generation_config = saved
+    assert [g.token_ids for g in off] == [g.token_ids for g in plain]
+    assert [x for g in off for x in g.logprobs] == pytest.approx([x for g in plain for x in g.logprobs], abs=1e-5)
+
+
+def test_a_prompt_longer_than_learned_positions_is_one_line(tiny_tokenizer) -> None:
+    """A model with learned position embeddings (GPT-2's ``n_positions``) raised an IndexError deep in
+    torch for a prompt and reply past its table."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from turnrl.errors import TurnRLError
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_positions=32, n_embd=16, n_layer=1,
+                                       n_head=2)).eval()
+    chat = ChatFormat(tiny_tokenizer)
+    engine = HFEngine(model, tiny_tokenizer, chat.stop_token_ids)
+    with pytest.raises(TurnRLError, match=r"^a prompt and its reply need 34 positions, and the model has 32"):
+        engine.generate([list(range(5, 35))], SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert len(engine.generate([list(range(5, 25))], SamplingConfig(temperature=0.0, max_new_tokens=4))) == 1
+
+
 
 @pytest.mark.parametrize("max_new_tokens", [6, 40])
 def test_rollout_tokenize_round_trip_is_token_exact(tiny_model, tiny_tokenizer, max_new_tokens: int) -> None:

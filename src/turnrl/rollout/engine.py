@@ -139,7 +139,12 @@ _NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repea
                             "sequence_bias": None, "exponential_decay_length_penalty": None, "max_time": None,
                             # a model's static / sliding-window cache setting: the shared-prefix path passes
                             # its own cache, which generate refuses together with one
-                            "cache_implementation": None}
+                            "cache_implementation": None,
+                            # a checkpoint saved with use_cache=false (after gradient checkpointing elsewhere)
+                            # would rerun the whole sequence on top of the shared prefix's cache every step
+                            "use_cache": True,
+                            # classifier-free guidance reweighs the logits
+                            "guidance_scale": None}
 
 
 class HFEngine:
@@ -196,6 +201,7 @@ class HFEngine:
 
             uniforms = row_uniforms(row_seeds(seeds, len(prompts)), sampling.max_new_tokens)  # on the CPU
             kwargs["logits_processor"] = LogitsProcessorList([RowDraws(uniforms, width, sampling)])
+        _check_positions(self.model, width + sampling.max_new_tokens)
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=attn.to(self.device),
@@ -235,6 +241,19 @@ class HFEngine:
                    **{self.cache_kwarg: cache})
         cache.batch_select_indices(rows.to(self.device))
         return cache
+
+
+def _check_positions(model: Any, length: int) -> None:
+    """A model with learned position embeddings (GPT-2's ``n_positions``) has none past its table: a
+    prompt and reply longer than it failed deep in torch (an IndexError). One line instead; rotary
+    models (Llama, Qwen...) run past their trained length, as transformers lets them."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "n_positions", None)
+    if isinstance(limit, int) and length > limit:
+        from turnrl.errors import TurnRLError
+
+        raise TurnRLError(f"a prompt and its reply need {length} positions, and the model has {limit} "
+                          f"(n_positions): shorten the context (history=N) or max_new_tokens")
 
 
 def _cache_kwarg(model: Any) -> str:
