@@ -177,8 +177,8 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
                      policy: Policy, env_opts: dict[str, Any], prompt: PromptConfig | None = None) -> None:
     """The episodes already in ``out`` must be this run's: same env, env options, split, policy (a model
     folder by its path, or by its weights' fingerprint when it moved since), model weights, sampling
-    settings, invalid-reply rules and system-message settings (``instruction``, ``example``), and an episode of a planned id must be that plan's (task, seed).
-    Anything else is another run's file, which resuming would mix into this one's. Env options are
+    settings, invalid-reply rules and system-message settings (``instruction``, ``example``), and an
+    episode of a planned id must be that plan's (task, seed). Anything else is another run's file, which resuming would mix into this one's. Env options are
     compared with the env's defaults filled in (``opponent=random`` given = left unset); episodes
     written before env options, sampling settings, rules or the prompt were recorded pass those checks."""
     from turnrl.rollout.sampler import invalid_rules, policy_settings, prompt_text

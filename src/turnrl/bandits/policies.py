@@ -9,9 +9,9 @@ reproducible and do not depend on the number of environments.
 Specs: ``ucb``, ``ucb:c=2``, ``linucb``, ``linucb:alpha=0.5``, ``thompson``,
 ``epsilon-greedy:eps=0.1``, ``greedy``, ``greedy:init=0``, ``uniform`` (random arms with
 the UCB-value rationale). A spec without ``c`` takes the env's ``ucb_c`` (and ``linucb`` on the
-contextual bandit its ``alpha``), the constant of the env's instruction and expert. ``random`` stays the generic random policy of
-:mod:`turnrl.rollout.policies` for ``load_policy``; in ``turnrl diagnose`` it is the
-scripted one.
+contextual bandit its ``alpha``), the constant of the env's instruction and expert. ``random``
+stays the generic random policy of :mod:`turnrl.rollout.policies` for ``load_policy``; in
+``turnrl diagnose`` it is the scripted one.
 """
 
 from __future__ import annotations

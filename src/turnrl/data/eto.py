@@ -217,7 +217,8 @@ def _load_json(path: Path) -> Any:
     except UnicodeDecodeError:
         raise TurnRLError(f"{path}: invalid JSON: not UTF-8 text") from None
     try:
-        return json.loads(text, parse_constant=reject_non_finite, parse_float=finite_float, object_pairs_hook=unique_keys)
+        return json.loads(text, parse_constant=reject_non_finite, parse_float=finite_float,
+                          object_pairs_hook=unique_keys)
     except NonFiniteLiteral as e:
         line = line_of_literal(text, e.literal)
         raise TurnRLError(f"{path}{'' if line is None else f':{line}'}: invalid JSON: {e}") from None

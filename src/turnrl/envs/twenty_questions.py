@@ -212,7 +212,8 @@ class QAGame(TextEnv):
             self._done = True
             info = self._info(kind="guess", question=text)
             info.update(won=True, success=True, outcome="win", questions=self._turns)
-            return f"Yes! It is {secret.phrase}. You found it in {self._turns} question{'' if self._turns == 1 else 's'}.", 0.0, True, False, info
+            found = f"{self._turns} question{'' if self._turns == 1 else 's'}"
+            return f"Yes! It is {secret.phrase}. You found it in {found}.", 0.0, True, False, info
         invalid = kind == "unknown"
         if kind == "guess" and target is not None:
             self._alive = [it for it in self._alive if it is not target]
