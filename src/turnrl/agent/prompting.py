@@ -69,17 +69,14 @@ def agent_view(messages: Sequence[Message], turn: int, history: int | None) -> t
     """
     head = [m for m in messages if m.role == "system"]
     body = [m for m in messages if m.role != "system"]
-    pinned = 1 if history is not None and opens_with_acknowledgement(messages) else 0  # turns kept as the head
     # positions of the assistant messages in body
     a_pos = [i for i, m in enumerate(body) if m.role == "assistant"]
     end = a_pos[turn] + 1 if turn < len(a_pos) else len(body)
+    pinned = int(history is not None and opens_with_acknowledgement(messages))  # turns kept with the head
     if history is None or turn <= pinned:
-        start = 0
-        local = turn
-    else:
-        first_kept = max(pinned, turn - history)
-        # start right after the assistant turn before the first kept one
-        start = a_pos[first_kept - 1] + 1 if first_kept > 0 else 0
-        local = pinned + turn - first_kept
-        head += body[: a_pos[pinned - 1] + 1] if pinned else []
-    return head + body[start:end], local
+        return head + body[:end], turn
+    first_kept = max(pinned, turn - history)
+    # start right after the assistant turn before the first kept one
+    start = a_pos[first_kept - 1] + 1 if first_kept > 0 else 0
+    kept = body[: a_pos[0] + 1] if pinned else []  # ETO's instruction and its "OK"
+    return head + kept + body[start:end], pinned + turn - first_kept
