@@ -212,6 +212,149 @@ def test_shared_prefill_samples_exactly_what_separate_prefills_do(tiny_model, ti
         assert len({tuple(g.token_ids) for g in outs[0][:3]}) > 1
 
 
+def _small_model(kind: str, vocab: int):
+    """A small random model of another architecture than the tiny Llama: learned positions (GPT-2), every
+    layer windowed (Mistral), a windowed layer then a full one (Gemma-3)."""
+    import torch
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPT2LMHeadModel,
+        MistralConfig,
+        MistralForCausalLM,
+    )
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=256, n_embd=32, n_layer=2, n_head=2)).eval()
+    size = {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2}
+    if kind == "mistral":
+        return MistralForCausalLM(MistralConfig(**size, sliding_window=8)).eval()
+    return Gemma3ForCausalLM(Gemma3TextConfig(**size, head_dim=8, sliding_window=8,
+                                              layer_types=["sliding_attention", "full_attention"])).eval()
+
+
+def _two_turns(engine: HFEngine, prompts: list[list[int]], sampling: SamplingConfig) -> tuple[list, list]:
+    """Two calls in one :meth:`HFEngine.keep_turns` scope: then each first row's prompt and reply with an
+    observation (one of them sent twice, as copies), a new prompt, and a prompt that shares only its first
+    token with the first call's."""
+    with engine.keep_turns():
+        first = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+        nxt = [p + g.token_ids + [5, 6, 7][: 1 + i] for i, (p, g) in enumerate(zip(prompts, first, strict=True))]
+        nxt = [nxt[0], [9, 8, 7, 6, 5], nxt[1], nxt[1], prompts[0][:1] + [11, 12], *nxt[2:]]
+        second = engine.generate(nxt, sampling, seeds=list(range(10, 10 + len(nxt))))
+    assert engine._kept is None  # freed on leaving the scope
+    return first, second
+
+
+@pytest.mark.parametrize("kind", ["tiny", "gpt2", "mistral", "gemma3"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_turn_reuses_the_last_calls_cache_and_samples_what_a_full_prefill_does(
+        tiny_model, tiny_tokenizer, kind: str, temperature: float) -> None:
+    """Inside ``keep_turns`` a prompt that extends a row of the last call (its prompt and sampled reply)
+    takes that prefix's KV cache instead of running it again: the samples and log-probs are those of a
+    full prefill, for continuing rows, copies, new prompts and partial matches alike. A model whose cache
+    drops columns (a sliding window) keeps nothing and runs every prompt whole."""
+    chat = ChatFormat(tiny_tokenizer)
+    model = tiny_model if kind == "tiny" else _small_model(kind, len(tiny_tokenizer))
+    base = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")
+    prompts = [base + [40 + i] * (3 * i) for i in range(3)]  # rows of different lengths: different padding
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=12)
+    outs = {}
+    for reuse in (True, False):
+        engine = HFEngine(model, tiny_tokenizer, chat.stop_token_ids, reuse_turns=reuse)
+        outs[reuse] = _two_turns(engine, prompts, sampling)
+        if reuse:
+            windowed = kind in ("mistral", "gemma3")
+            assert (engine.reused_tokens == 0) == windowed
+            # every prompt of the second call but its last token, up to the least reach over the rows
+            assert windowed or engine.reused_tokens > len(prompts[0])
+        else:
+            assert engine.reused_tokens == 0
+    for reused, full in zip(outs[True][1], outs[False][1], strict=True):
+        assert reused.token_ids == full.token_ids and reused.finished == full.finished
+        assert reused.logprobs == pytest.approx(full.logprobs, abs=1e-4)
+    assert outs[True][0] == outs[False][0]  # the first call has nothing to reuse
+
+
+def test_outside_keep_turns_the_engine_keeps_nothing(tiny_model, tiny_tokenizer) -> None:
+    chat = ChatFormat(tiny_tokenizer)
+    engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids)
+    prompt = chat.tokenize_text("X to move. Board: 0 1 2")
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    out = engine.generate([prompt], sampling)
+    assert engine._kept is None
+    engine.generate([prompt + out[0].token_ids + [5]], sampling)
+    assert engine.reused_tokens == 0
+
+
+def test_a_kept_cache_is_dropped_when_the_weights_or_adapters_change(tiny_tokenizer, tiny_dir) -> None:
+    """PPO and ArCHer sample with the model they train: a cache kept across an optimizer step (or with
+    a LoRA adapter switched off) would give the old weights' keys and values. The engine drops it when a
+    parameter changes in place or an adapter is disabled, and samples what a fresh engine does."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    chat = ChatFormat(tiny_tokenizer)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    prompt = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    engine = HFEngine(model, tiny_tokenizer, chat.stop_token_ids)
+    with engine.keep_turns():
+        out = engine.generate([prompt], sampling)
+        nxt = prompt + out[0].token_ids + [5, 6]
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.5)  # as an optimizer step does, in place
+        after = engine.generate([nxt], sampling)
+        assert engine.reused_tokens == 0
+        engine.generate([nxt + after[0].token_ids + [7]], sampling)  # the same weights: reused
+        assert engine.reused_tokens > len(nxt)
+    assert after == HFEngine(model, tiny_tokenizer, chat.stop_token_ids).generate([nxt], sampling)
+
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir),
+                          LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                                     init_lora_weights=False)).eval()
+    engine = HFEngine(lora, tiny_tokenizer, chat.stop_token_ids)
+    with engine.keep_turns():
+        out = engine.generate([prompt], sampling)
+        nxt = prompt + out[0].token_ids + [5, 6]
+        with lora.disable_adapter():
+            plain = engine.generate([nxt], sampling)
+            assert engine.reused_tokens == 0
+            fresh = HFEngine(lora, tiny_tokenizer, chat.stop_token_ids).generate([nxt], sampling)
+    assert plain[0].token_ids == fresh[0].token_ids
+    assert plain[0].logprobs == pytest.approx(fresh[0].logprobs, abs=1e-5)
+
+
+def test_a_rollout_reuses_each_turns_cache(tiny_model, tiny_tokenizer) -> None:
+    """The sampler plays a rollout inside the engine's ``keep_turns`` (found through wrapping policies):
+    each turn after the first runs only what its episode's last turn did not, and the episodes are those
+    of full prefills."""
+    from turnrl.bandits.aids import SelfConsistencyAid
+    from turnrl.rollout.policies import keeping_turns
+
+    chat = ChatFormat(tiny_tokenizer)
+    trajs, reused = {}, {}
+    for reuse in (True, False):
+        engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids, reuse_turns=reuse)
+        policy = ModelPolicy(engine, chat, SamplingConfig(temperature=1.0, max_new_tokens=16), seed=4)
+        trajs[reuse] = run_policy(policy, "tictactoe", split="train", episodes=6, num_envs=4, seed=1)
+        reused[reuse] = engine.reused_tokens
+        with keeping_turns(SelfConsistencyAid(policy, k=2)):
+            assert engine._keeping == 1
+    assert reused[False] == 0
+    # at least the earlier turns of every later turn (the system prompt and first board are hundreds)
+    later = sum(t.num_turns - 1 for t in trajs[True])
+    assert later > 0 and reused[True] > 100 * later
+    for a, b in zip(trajs[True], trajs[False], strict=True):
+        assert [m.token_ids for m in a.messages] == [m.token_ids for m in b.messages]
+        assert ([lp for m in a.messages for lp in m.logprobs or []]
+                == pytest.approx([lp for m in b.messages for lp in m.logprobs or []], abs=1e-4))
+
+
 @pytest.mark.parametrize("impl", ["static", "sliding_window"])
 def test_a_models_cache_implementation_does_not_break_the_shared_prefill(tiny_model, tiny_tokenizer,
                                                                         impl: str) -> None:

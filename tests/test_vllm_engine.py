@@ -174,6 +174,9 @@ def test_engine_vllm_gives_the_hf_engine_trajectories(fake_vllm: types.ModuleTyp
     # on the CPU: the comparison is to the bit, and on a GPU the same tokens computed in other
     # batches come out with other roundings (one H100 run in two differed)
     hf = load_policy(str(tiny_dir), sampling=sampling, device="cpu")
+    # the fake answers each call with a full prefill; the hf rollout's turns would reuse their last
+    # turn's cache, which rounds the same logits otherwise in the last bits
+    hf.engine.reuse_turns = False  # type: ignore[attr-defined]
     FakeLLM.hf = hf.engine  # type: ignore[attr-defined]
     vl = load_policy(str(tiny_dir), sampling=sampling, engine="vllm", engine_opts={"llm_kwargs": {"max_model_len": 512}})
     assert isinstance(vl.engine, VLLMEngine)  # type: ignore[attr-defined]

@@ -13,6 +13,16 @@ or not. The HF engine then prefills each distinct prompt once and repeats its KV
 copies, instead of running the same prompt through the model once per copy; the sampling itself
 is unchanged (the same rows in the same order, so the same random draws).
 
+**Turns reuse the last step's KV cache.** A multi-turn prompt is the previous turn's prompt, its
+sampled reply and the new observation: re-running it from the start every turn costs a prefill
+that grows with the square of the number of turns. Inside :meth:`HFEngine.keep_turns` (the sampler
+enters it for each rollout) the engine keeps the KV cache of every row of its last call, and a
+prompt that starts with one of those rows' tokens (its prompt and sampled reply) takes that
+prefix from it and runs only the rest. Rows are matched by their tokens, so episodes that end,
+start, are windowed (``history``) or repeated need no bookkeeping; the kept cache is dropped when
+the weights or their adapters change, and when the rollout ends. The logits then differ from a
+full prefill's in the last bits only (as with another batch's padding).
+
 **A random stream per row.** With temperature > 0, ``generate`` takes one seed per prompt
 (``seeds``), and row ``i``'s tokens are drawn from uniforms of its own generator, seeded with
 ``seeds[i]`` (:class:`RowDraws`, :func:`draw_tokens`: inverse-CDF sampling of the temperature / top-p distribution).
@@ -29,11 +39,12 @@ uniform lies that close to a boundary of the distribution.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from turnrl.config import Config, Range
@@ -148,10 +159,12 @@ _NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repea
 
 
 class HFEngine:
-    """Batched sampling with ``transformers``' ``generate``."""
+    """Batched sampling with ``transformers``' ``generate``. ``share_prefix``: prefill copies of a prompt
+    once; ``reuse_turns``: inside :meth:`keep_turns`, take each prompt's prefix from the last call's KV
+    cache (both on by default; see the module docstring)."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int], share_prefix: bool = True,
-                 autocast: Callable[[], AbstractContextManager[Any]] | None = None):
+                 autocast: Callable[[], AbstractContextManager[Any]] | None = None, reuse_turns: bool = True):
         self.model = model
         #: entered around each ``generate`` (a trainer's ``accelerator.autocast``: a model kept in
         #: float32 for mixed-precision training samples in half precision too)
@@ -168,6 +181,25 @@ class HFEngine:
         self.shared_rows = 0
         #: the keyword under which the model takes a KV cache (see :func:`_cache_kwarg`)
         self.cache_kwarg = _cache_kwarg(model)
+        #: inside :meth:`keep_turns`, keep each call's KV cache for the next call's prompts that extend it
+        self.reuse_turns = reuse_turns
+        #: prompt tokens whose KV cache came from an earlier call (benchmarks and tests read it)
+        self.reused_tokens = 0
+        self._keeping = 0
+        self._kept: _KeptTurns | None = None
+
+    @contextmanager
+    def keep_turns(self) -> Iterator[None]:
+        """Within it, every call keeps its rows' KV cache, and the next call takes from it the prefix
+        each of its prompts shares with one of those rows (see the module docstring); on leaving, the
+        kept cache is freed. The sampler enters it for each rollout."""
+        self._keeping += 1
+        try:
+            yield
+        finally:
+            self._keeping -= 1
+            if not self._keeping:
+                self._kept = None
 
     @property
     def device(self) -> torch.device:
@@ -192,9 +224,16 @@ class HFEngine:
         # row i of the batch is distinct prompt rows[i]
         rows = torch.tensor(row_of, dtype=torch.long)
         kwargs: dict[str, Any] = {}
+        state = _weights_state(self.model) if self._keeping and self.reuse_turns else None
+        kept, self._kept = self._kept, None
+        cache, start = (self._reuse(kept, [prompts[i] for i in firsts], width)
+                        if kept is not None and kept.state == state else (None, 0))
+        del kept  # its tensors were released as they were read
         if len(firsts) < len(prompts) and width > 1:
-            kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows)
+            kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows, cache, start)
             self.shared_rows += len(prompts) - len(firsts)
+        elif cache is not None:  # generate runs the rest of each prompt
+            kwargs[self.cache_kwarg] = cache
         ids, attn = ids[rows], attn[rows]
         if not greedy:  # each row draws from its own stream; generate then picks the drawn token
             from transformers import LogitsProcessorList
@@ -226,21 +265,121 @@ class HFEngine:
                  for t, step in enumerate(out.logits)]
         logps = torch.stack(steps, dim=1).cpu() if steps else torch.zeros(len(prompts), 0)
         new = new.cpu()
-        return [cut_at_stop(new[i].tolist(), logps[i].tolist(), self.stop_token_ids) for i in range(len(prompts))]
+        gens = [cut_at_stop(new[i].tolist(), logps[i].tolist(), self.stop_token_ids) for i in range(len(prompts))]
+        if state is not None:
+            self._kept = _keep(getattr(out, self.cache_kwarg, None), out.sequences.shape[1] - width, prompts, gens,
+                               width, state)
+        return gens
 
-    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> Any:
+    def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, cache: Any = None,
+                 start: int = 0) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs
-        to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``."""
+        to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``. With a
+        ``cache`` of the first ``start`` columns (:meth:`_reuse`), only the columns after them run."""
         from transformers import DynamicCache
 
         head, mask = ids[:, :-1].to(self.device), attn[:, :-1].to(self.device)
         # the positions ``generate`` gives a left-padded prompt
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=head, attention_mask=mask, position_ids=pos, use_cache=True,
-                   **{self.cache_kwarg: cache})
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+        if start < head.shape[1]:
+            self.model(input_ids=head[:, start:], attention_mask=mask, position_ids=pos[:, start:], use_cache=True,
+                       **{self.cache_kwarg: cache})
         cache.batch_select_indices(rows.to(self.device))
         return cache
+
+    def _reuse(self, kept: _KeptTurns, prompts: Sequence[Sequence[int]], width: int) -> tuple[Any, int]:
+        """``(cache, C)``: the KV cache of the first ``C`` columns of ``prompts`` left-padded to ``width``,
+        copied from the kept rows, or ``(None, 0)`` when there is nothing to copy. Each prompt takes the
+        kept row that shares its longest prefix; ``C`` is the least column up to which every prompt's is
+        cached (a prompt's last token always runs: its logits give the first sample), so rows whose
+        prefix reaches further recompute a few columns. ``kept``'s tensors are released as they are read."""
+        from transformers import DynamicCache
+
+        pads = [width - len(p) for p in prompts]
+        matches = [_longest_prefix(kept.tokens, p) for p in prompts]
+        reach = min(pad + min(n, len(p) - 1) for pad, (_, n), p in zip(pads, matches, prompts, strict=True))
+        if reach <= 0:
+            return None, 0
+        device = kept.layers[0][0].device
+        cols = torch.arange(reach, device=device)
+        pad = torch.tensor(pads, device=device).unsqueeze(1)
+        src_row = torch.tensor([r for r, _ in matches], device=device).unsqueeze(1)
+        start = torch.tensor([kept.starts[r] for r, _ in matches], device=device).unsqueeze(1)
+        # row j's column c holds its token c - pad_j: the kept row's column start + c - pad_j
+        src_col = (start + cols - pad).clamp(min=0)
+        blank = (cols < pad)[:, None, :, None]  # left padding: masked, zeros
+        cache = DynamicCache(config=self.model.config)
+        layer = 0
+        while kept.layers:
+            keys, values = kept.layers.pop(0)
+            # [rows, heads, T, dim] indexed in dims 0 and 2 -> [B, C, heads, dim]
+            k, v = (t[src_row, :, src_col].permute(0, 2, 1, 3).masked_fill(blank, 0).contiguous()
+                    for t in (keys, values))
+            del keys, values
+            cache.update(k, v, layer)
+            layer += 1
+        self.reused_tokens += sum(max(0, reach - p) for p in pads)
+        return cache, reach
+
+
+@dataclass
+class _KeptTurns:
+    """The KV cache of an engine call's rows, kept for the next call (:meth:`HFEngine.keep_turns`)."""
+
+    #: the weights' state it was computed under (:func:`_weights_state`)
+    state: tuple[Any, ...]
+    #: [rows, longest] each row's cached tokens (its prompt and sampled reply), -1 after its end
+    tokens: np.ndarray
+    #: per row, the cache column of its first token
+    starts: list[int]
+    #: per layer, the keys and values [rows, heads, columns, head dim]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _keep(cache: Any, steps: int, prompts: Sequence[Sequence[int]], gens: Sequence[Generation], width: int,
+          state: tuple[Any, ...]) -> _KeptTurns | None:
+    """The kept form of ``generate``'s final ``cache`` after ``steps`` sampled tokens: row i's columns
+    from ``width - len(prompts[i])`` on hold its prompt and its reply but the last sampled token (never
+    run), and no padding ``generate`` ran after its stop token. None for a cache that is not one
+    full-attention tensor per layer (a sliding window drops the start of long rows; a recurrent state
+    has no columns)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        return None
+    if steps < 1 or layers[0].keys.shape[-2] != width + steps - 1:
+        return None
+    rows = [list(p) + g.token_ids[: min(len(g.token_ids), steps - 1)] for p, g in zip(prompts, gens, strict=True)]
+    tokens = np.full((len(rows), max(len(r) for r in rows)), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    return _KeptTurns(state, tokens, [width - len(p) for p in prompts],
+                      [(layer.keys, layer.values) for layer in layers])
+
+
+def _longest_prefix(tokens: np.ndarray, prompt: Sequence[int]) -> tuple[int, int]:
+    """``(row, n)``: the row of ``tokens`` (-1 padded) that shares the longest prefix with ``prompt``, and
+    that prefix's length (the first such row; ``(0, 0)`` when none shares a token)."""
+    n = min(tokens.shape[1], len(prompt))
+    same = tokens[:, :n] == np.asarray(prompt[:n], dtype=np.int64)[None, :]
+    shared = np.where(same.all(axis=1), n, same.argmin(axis=1))
+    row = int(shared.argmax())
+    return row, int(shared[row])
+
+
+def _weights_state(model: Any) -> tuple[Any, ...]:
+    """What a KV cache depends on besides its tokens: every parameter's identity, storage and version
+    (an optimizer step, a ``load_state_dict`` or a merge bumps it), each adapter layer's active adapters
+    and whether they are disabled (PEFT's ``disable_adapter``), and the autocast in effect."""
+    params = tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
+    adapters = tuple((m.disable_adapters, tuple(m.active_adapters)) for m in model.modules()
+                     if isinstance(getattr(type(m), "disable_adapters", None), property))
+    kind = next(model.parameters()).device.type
+    cast = (torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None)
+    return params, adapters, cast
 
 
 def _check_positions(model: Any, length: int) -> None:

@@ -10,6 +10,7 @@ import difflib
 import os
 import random
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,6 +139,20 @@ class ModelPolicy:
             text = self.chat.tokenizer.decode(body, skip_special_tokens=False)
             out.append(Reply(text, list(g.token_ids), list(g.logprobs), {"finished": g.finished}))
         return out
+
+
+def keeping_turns(policy: Any) -> AbstractContextManager[Any]:
+    """The :meth:`~turnrl.rollout.engine.HFEngine.keep_turns` scope of the engine ``policy`` samples with,
+    found through the wrappers' ``inner`` (the bandit aids, epsilon-greedy) or ``base`` (CHAI); a scope
+    that does nothing for a policy without one (scripted, vLLM: its own prefix cache)."""
+    for _ in range(16):  # wrappers of wrappers, never a cycle
+        keep = getattr(getattr(policy, "engine", None), "keep_turns", None)
+        if keep is not None:
+            return keep()
+        policy = getattr(policy, "inner", None) or getattr(policy, "base", None)
+        if policy is None:
+            break
+    return nullcontext()
 
 
 def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: int | None = None,

@@ -34,7 +34,7 @@ from turnrl.agent.prompting import PromptConfig, system_message
 from turnrl.data.schema import Message, Trajectory
 from turnrl.envs.base import TextEnv
 from turnrl.errors import TurnRLError
-from turnrl.rollout.policies import ExpertPolicy, Policy, Request
+from turnrl.rollout.policies import ExpertPolicy, Policy, Request, keeping_turns
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,12 @@ class Sampler:
             self._envs.append(self.make_env())
         slots = [_Slot(env) for env in self._envs[: min(self.num_envs, total)]]
         done: dict[int, Trajectory] = {}
+        with keeping_turns(self.policy):  # a model's next turn reuses this turn's KV cache
+            self._play(slots, pending, done, on_episode)
+        return [done[k] for k in order]
+
+    def _play(self, slots: list[_Slot], pending: deque[EpisodeSpec], done: dict[int, Trajectory],
+              on_episode: Callable[[Trajectory], None] | None) -> None:
         while True:
             for slot in slots:
                 if slot.spec is None and pending:
@@ -194,7 +200,6 @@ class Sampler:
                     if on_episode is not None:
                         on_episode(traj)
                     slot.spec = None
-        return [done[k] for k in order]
 
     def _act(self, active: Sequence[_Slot], requests: Sequence[Request]) -> list[Any]:
         """The policy's replies; slots still in a replayed prefix get its reply, slots in their
