@@ -214,7 +214,8 @@ def test_shared_prefill_samples_exactly_what_separate_prefills_do(tiny_model, ti
 
 def _small_model(kind: str, vocab: int):
     """A small random model of another architecture than the tiny Llama: learned positions (GPT-2), every
-    layer windowed (Mistral), a windowed layer then a full one (Gemma-3)."""
+    layer windowed (Mistral), a windowed layer then a full one (Gemma-3), a recurrent layer then a full one
+    (Qwen3-Next), rotary frequencies that change past 32 positions (Llama, dynamic scaling)."""
     import torch
     from transformers import (
         Gemma3ForCausalLM,
@@ -232,6 +233,24 @@ def _small_model(kind: str, vocab: int):
             "num_attention_heads": 4, "num_key_value_heads": 2}
     if kind == "mistral":
         return MistralForCausalLM(MistralConfig(**size, sliding_window=8)).eval()
+    if kind == "qwen3next":
+        transformers = pytest.importorskip("transformers")
+        if not hasattr(transformers, "Qwen3NextConfig"):  # from transformers 4.57
+            pytest.skip("this transformers has no Qwen3-Next")
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        return Qwen3NextForCausalLM(Qwen3NextConfig(
+            **size, head_dim=8, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=2,
+            linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
+            num_experts_per_tok=1, moe_intermediate_size=16, shared_expert_intermediate_size=16)).eval()
+    if kind == "dynamic-rope":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**size, max_position_embeddings=32,
+                                             rope_scaling={"rope_type": "dynamic", "factor": 4.0})).eval()
+        with torch.no_grad():  # sharper logits, so that the rotation's change shows in the samples
+            model.lm_head.weight.mul_(20)
+        return model
     return Gemma3ForCausalLM(Gemma3TextConfig(**size, head_dim=8, sliding_window=8,
                                               layer_types=["sliding_attention", "full_attention"])).eval()
 
@@ -249,25 +268,26 @@ def _two_turns(engine: HFEngine, prompts: list[list[int]], sampling: SamplingCon
     return first, second
 
 
-@pytest.mark.parametrize("kind", ["tiny", "gpt2", "mistral", "gemma3"])
+@pytest.mark.parametrize("kind", ["tiny", "gpt2", "mistral", "gemma3", "qwen3next", "dynamic-rope"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_turn_reuses_the_last_calls_cache_and_samples_what_a_full_prefill_does(
         tiny_model, tiny_tokenizer, kind: str, temperature: float) -> None:
     """Inside ``keep_turns`` a prompt that extends a row of the last call (its prompt and sampled reply)
     takes that prefix's KV cache instead of running it again: the samples and log-probs are those of a
     full prefill, for continuing rows, copies, new prompts and partial matches alike. A model whose cache
-    drops columns (a sliding window) keeps nothing and runs every prompt whole."""
+    drops columns (a sliding window), holds a recurrent state (whose rows the shared prefill cannot select
+    either) or rotates keys by the sequence's length keeps nothing and runs every prompt whole."""
     chat = ChatFormat(tiny_tokenizer)
     model = tiny_model if kind == "tiny" else _small_model(kind, len(tiny_tokenizer))
     base = chat.tokenize_text("X to move. Board: 0 1 2 3 4 5 6 7 8.")
     prompts = [base + [40 + i] * (3 * i) for i in range(3)]  # rows of different lengths: different padding
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=12)
     outs = {}
-    for reuse in (True, False):
-        engine = HFEngine(model, tiny_tokenizer, chat.stop_token_ids, reuse_turns=reuse)
+    for reuse in (True, False):  # turnrl's engine against plain generate calls with transformers' own cache
+        engine = HFEngine(model, tiny_tokenizer, chat.stop_token_ids, reuse_turns=reuse, preallocate=reuse)
         outs[reuse] = _two_turns(engine, prompts, sampling)
         if reuse:
-            windowed = kind in ("mistral", "gemma3")
+            windowed = kind in ("mistral", "gemma3", "qwen3next", "dynamic-rope")
             assert (engine.reused_tokens == 0) == windowed
             # every prompt of the second call but its last token, up to the least reach over the rows
             assert windowed or engine.reused_tokens > len(prompts[0])
@@ -277,6 +297,39 @@ def test_a_turn_reuses_the_last_calls_cache_and_samples_what_a_full_prefill_does
         assert reused.token_ids == full.token_ids and reused.finished == full.finished
         assert reused.logprobs == pytest.approx(full.logprobs, abs=1e-4)
     assert outs[True][0] == outs[False][0]  # the first call has nothing to reuse
+
+
+def test_a_preallocated_cache_layer_holds_what_concatenation_does() -> None:
+    """The engine's cache layer writes each update into a buffer with room to spare: its keys and values
+    are those of transformers' concatenating layer through prefill, steps past the reserve (the buffer
+    grows), a batch selection (copies go to a new buffer) and a crop (the next update overwrites)."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    from turnrl.rollout.engine import _growing_layer
+
+    grow, plain = _growing_layer()(reserve=2), DynamicLayer()
+    gen = torch.Generator().manual_seed(0)
+
+    def both(n: int, batch: int = 3) -> None:
+        k, v = torch.randn(batch, 2, n, 4, generator=gen), torch.randn(batch, 2, n, 4, generator=gen)
+        got, want = grow.update(k, v), plain.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+    both(5)  # prefill: a buffer of 5 + 2 columns
+    first = grow.buffers
+    both(1), both(1)
+    assert grow.buffers is first  # written in place
+    both(1)  # past the reserve: a larger buffer
+    assert grow.buffers is not first and grow.get_seq_length() == 8
+    for layer in (grow, plain):
+        layer.batch_select_indices(torch.tensor([2, 0, 2]))
+    both(1)
+    for layer in (grow, plain):
+        layer.crop(-3)
+    both(2)
+    assert grow.get_seq_length() == plain.get_seq_length() == 8
+    assert torch.equal(grow.keys, plain.keys) and torch.equal(grow.values, plain.values)
 
 
 def test_outside_keep_turns_the_engine_keeps_nothing(tiny_model, tiny_tokenizer) -> None:

@@ -20,8 +20,14 @@ enters it for each rollout) the engine keeps the KV cache of every row of its la
 prompt that starts with one of those rows' tokens (its prompt and sampled reply) takes that
 prefix from it and runs only the rest. Rows are matched by their tokens, so episodes that end,
 start, are windowed (``history``) or repeated need no bookkeeping; the kept cache is dropped when
-the weights or their adapters change, and when the rollout ends. The logits then differ from a
-full prefill's in the last bits only (as with another batch's padding).
+the weights or their adapters change (:func:`_weights_state`), and when the rollout ends. The logits
+then differ from a full prefill's in the last bits only (as with another batch's padding). Models whose
+cache is not keys and values by column (a sliding window, a recurrent state) or whose rotary frequencies
+depend on the sequence's length (``dynamic`` and ``longrope`` scaling) keep nothing.
+
+**Caches are preallocated.** transformers' dynamic cache grows by concatenation, a copy of the whole
+cache at every sampled token; the engine's caches write each step into a buffer with room for the
+reply instead (:func:`_growing_layer`), for the layers that attend to the whole sequence.
 
 **A random stream per row.** With temperature > 0, ``generate`` takes one seed per prompt
 (``seeds``), and row ``i``'s tokens are drawn from uniforms of its own generator, seeded with
@@ -38,6 +44,7 @@ uniform lies that close to a boundary of the distribution.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -161,10 +168,12 @@ _NEUTRAL: dict[str, Any] = {"num_beams": 1, "repetition_penalty": 1.0, "no_repea
 class HFEngine:
     """Batched sampling with ``transformers``' ``generate``. ``share_prefix``: prefill copies of a prompt
     once; ``reuse_turns``: inside :meth:`keep_turns`, take each prompt's prefix from the last call's KV
-    cache (both on by default; see the module docstring)."""
+    cache; ``preallocate``: the KV cache's full-attention layers write into buffers with room for the
+    reply (:meth:`_new_cache`). All on by default; see the module docstring."""
 
     def __init__(self, model: Any, tokenizer: Any, stop_token_ids: Sequence[int], share_prefix: bool = True,
-                 autocast: Callable[[], AbstractContextManager[Any]] | None = None, reuse_turns: bool = True):
+                 autocast: Callable[[], AbstractContextManager[Any]] | None = None, reuse_turns: bool = True,
+                 preallocate: bool = True):
         self.model = model
         #: entered around each ``generate`` (a trainer's ``accelerator.autocast``: a model kept in
         #: float32 for mixed-precision training samples in half precision too)
@@ -183,7 +192,10 @@ class HFEngine:
         self.cache_kwarg = _cache_kwarg(model)
         #: inside :meth:`keep_turns`, keep each call's KV cache for the next call's prompts that extend it
         self.reuse_turns = reuse_turns
-        #: prompt tokens whose KV cache came from an earlier call (benchmarks and tests read it)
+        #: KV caches write into preallocated buffers (:meth:`_new_cache`) instead of growing by concatenation
+        self.preallocate = preallocate
+        #: prompt tokens whose KV cache came from an earlier call, counted once per distinct prompt of a
+        #: call (benchmarks and tests read it)
         self.reused_tokens = 0
         self._keeping = 0
         self._kept: _KeptTurns | None = None
@@ -201,6 +213,17 @@ class HFEngine:
             if not self._keeping:
                 self._kept = None
 
+    @functools.cached_property
+    def _columns_only(self) -> bool:
+        """Whether every layer of the model's KV cache holds keys and values by column, whose rows the shared
+        prefill can select and a later call can copy (not a recurrent state: Jamba's, Qwen3-Next's)."""
+        import transformers.cache_utils as cache_utils
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        kinds = {DynamicLayer, getattr(cache_utils, "DynamicSlidingWindowLayer", DynamicLayer)}
+        return all(type(layer) in kinds for layer in getattr(DynamicCache(config=self.model.config), "layers", []))
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -215,7 +238,8 @@ class HFEngine:
     def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
                   seeds: Sequence[int] | None) -> list[Generation]:
         self.calls += 1
-        firsts, row_of = _distinct(prompts) if self.share_prefix else (list(range(len(prompts))), list(range(len(prompts))))
+        share = self.share_prefix and self._columns_only
+        firsts, row_of = _distinct(prompts) if share else (list(range(len(prompts))), list(range(len(prompts))))
         width = max(len(p) for p in prompts)
         ids, attn = _left_pad([prompts[i] for i in firsts], width, self.pad_id)
         greedy = sampling.temperature <= 0
@@ -224,16 +248,18 @@ class HFEngine:
         # row i of the batch is distinct prompt rows[i]
         rows = torch.tensor(row_of, dtype=torch.long)
         kwargs: dict[str, Any] = {}
-        state = _weights_state(self.model) if self._keeping and self.reuse_turns else None
+        keep = self._keeping and self.reuse_turns and self._columns_only and not _rope_by_length(self.model.config)
+        state = _weights_state(self.model) if keep else None
+        reserve = sampling.max_new_tokens  # the columns a cache's buffers leave for the reply
         kept, self._kept = self._kept, None
-        cache, start = (self._reuse(kept, [prompts[i] for i in firsts], width)
+        cache, start = (self._reuse(kept, [prompts[i] for i in firsts], width, reserve)
                         if kept is not None and kept.state == state else (None, 0))
         del kept  # its tensors were released as they were read
         if len(firsts) < len(prompts) and width > 1:
-            kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows, cache, start)
+            kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows, cache, start, reserve)
             self.shared_rows += len(prompts) - len(firsts)
-        elif cache is not None:  # generate runs the rest of each prompt
-            kwargs[self.cache_kwarg] = cache
+        elif cache is not None or self.preallocate:  # generate runs the rest of each prompt (or all of it)
+            kwargs[self.cache_kwarg] = cache if cache is not None else self._new_cache(reserve)
         ids, attn = ids[rows], attn[rows]
         if not greedy:  # each row draws from its own stream; generate then picks the drawn token
             from transformers import LogitsProcessorList
@@ -271,51 +297,64 @@ class HFEngine:
                                width, state)
         return gens
 
+    def _new_cache(self, reserve: int) -> Any:
+        """An empty KV cache for the model whose full-attention layers write each step into a buffer with
+        room for ``reserve`` more columns (:func:`_growing_layer`) instead of concatenating: transformers'
+        dynamic layer copies the whole cache at every sampled token (a third of a tic-tac-toe rollout's time
+        on the tiny model). Other layers (sliding windows) stay the model's own."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        grow = _growing_layer()
+        layers = getattr(cache, "layers", None)
+        if self.preallocate and layers:
+            cache.layers = [grow(reserve) if type(layer) is DynamicLayer else layer for layer in layers]
+        return cache
+
     def _prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor, cache: Any = None,
-                 start: int = 0) -> Any:
+                 start: int = 0, reserve: int = 0) -> Any:
         """The KV cache of every distinct prompt but its last token (which ``generate`` runs
         to get the first logits), expanded to the batch: its row i is prompt ``rows[i]``. With a
         ``cache`` of the first ``start`` columns (:meth:`_reuse`), only the columns after them run."""
-        from transformers import DynamicCache
-
         head, mask = ids[:, :-1].to(self.device), attn[:, :-1].to(self.device)
         # the positions ``generate`` gives a left-padded prompt
         pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         if cache is None:
-            cache = DynamicCache(config=self.model.config)
+            cache = self._new_cache(reserve)
         if start < head.shape[1]:
             self.model(input_ids=head[:, start:], attention_mask=mask, position_ids=pos[:, start:], use_cache=True,
                        **{self.cache_kwarg: cache})
         cache.batch_select_indices(rows.to(self.device))
         return cache
 
-    def _reuse(self, kept: _KeptTurns, prompts: Sequence[Sequence[int]], width: int) -> tuple[Any, int]:
+    def _reuse(self, kept: _KeptTurns, prompts: Sequence[Sequence[int]], width: int,
+               reserve: int) -> tuple[Any, int]:
         """``(cache, C)``: the KV cache of the first ``C`` columns of ``prompts`` left-padded to ``width``,
         copied from the kept rows, or ``(None, 0)`` when there is nothing to copy. Each prompt takes the
         kept row that shares its longest prefix; ``C`` is the least column up to which every prompt's is
         cached (a prompt's last token always runs: its logits give the first sample), so rows whose
         prefix reaches further recompute a few columns. ``kept``'s tensors are released as they are read."""
-        from transformers import DynamicCache
-
         pads = [width - len(p) for p in prompts]
         matches = [_longest_prefix(kept.tokens, p) for p in prompts]
         reach = min(pad + min(n, len(p) - 1) for pad, (_, n), p in zip(pads, matches, prompts, strict=True))
         if reach <= 0:
             return None, 0
-        device = kept.layers[0][0].device
-        cols = torch.arange(reach, device=device)
-        pad = torch.tensor(pads, device=device).unsqueeze(1)
-        src_row = torch.tensor([r for r, _ in matches], device=device).unsqueeze(1)
-        start = torch.tensor([kept.starts[r] for r, _ in matches], device=device).unsqueeze(1)
+        cols = torch.arange(reach)
+        pad = torch.tensor(pads).unsqueeze(1)
+        src_row = torch.tensor([r for r, _ in matches]).unsqueeze(1)
+        start = torch.tensor([kept.starts[r] for r, _ in matches]).unsqueeze(1)
         # row j's column c holds its token c - pad_j: the kept row's column start + c - pad_j
         src_col = (start + cols - pad).clamp(min=0)
         blank = (cols < pad)[:, None, :, None]  # left padding: masked, zeros
-        cache = DynamicCache(config=self.model.config)
+        # the prompts' other columns and the reply still to come
+        cache = self._new_cache(width - reach + reserve)
         layer = 0
         while kept.layers:
             keys, values = kept.layers.pop(0)
+            at = keys.device  # each layer's own (a model split across devices)
             # [rows, heads, T, dim] indexed in dims 0 and 2 -> [B, C, heads, dim]
-            k, v = (t[src_row, :, src_col].permute(0, 2, 1, 3).masked_fill(blank, 0).contiguous()
+            k, v = (t[src_row.to(at), :, src_col.to(at)].permute(0, 2, 1, 3).masked_fill(blank.to(at), 0).contiguous()
                     for t in (keys, values))
             del keys, values
             cache.update(k, v, layer)
@@ -348,7 +387,9 @@ def _keep(cache: Any, steps: int, prompts: Sequence[Sequence[int]], gens: Sequen
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+    full = (DynamicLayer, _growing_layer())
+    if not layers or any(type(layer) not in full or getattr(layer, "keys", None) is None or not layer.keys.numel()
+                         for layer in layers):
         return None
     if steps < 1 or layers[0].keys.shape[-2] != width + steps - 1:
         return None
@@ -358,6 +399,47 @@ def _keep(cache: Any, steps: int, prompts: Sequence[Sequence[int]], gens: Sequen
         tokens[i, : len(r)] = r
     return _KeptTurns(state, tokens, [width - len(p) for p in prompts],
                       [(layer.keys, layer.values) for layer in layers])
+
+
+@functools.cache
+def _growing_layer() -> type:
+    """A transformers ``DynamicLayer`` (full attention) whose ``update`` writes the new keys and values
+    into a preallocated buffer with room for ``reserve`` more columns, and returns views of its filled
+    part, instead of concatenating a new tensor at every step. A cache operation that replaces the
+    tensors (``batch_select_indices``, ``reorder_cache``, offloading) leaves views of no buffer: the next
+    update copies them into a new one. ``crop`` leaves a shorter view of the same buffer, which the next
+    update overwrites past its end, as it should."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self, reserve: int = 0) -> None:
+            super().__init__()
+            self.reserve = reserve
+            self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            n, k = self.get_seq_length(), key_states.shape[-2]
+            old = (self.keys, self.values) if n else None
+            bufs = self.buffers
+            if old is None or bufs is None or n + k > bufs[0].shape[-2] or not all(
+                    t is not None and t.data_ptr() == b.data_ptr() and t.stride() == b.stride()
+                    and t.shape[:-2] == b.shape[:-2] for t, b in zip(old, bufs, strict=True)):
+                extra = self.reserve if bufs is None else max(self.reserve, n + k)
+                kb, vb = (new.new_empty((*new.shape[:-2], n + k + extra, new.shape[-1]))
+                          for new in (key_states, value_states))
+                for buf, t in zip((kb, vb), old or (), strict=False):
+                    assert t is not None  # n > 0
+                    buf[..., :n, :] = t
+                self.buffers = bufs = (kb, vb)
+                # what the parent's lazy initialisation sets (4.56: dtype and device; 5.x: is_initialized)
+                self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+            bufs[0][..., n : n + k, :], bufs[1][..., n : n + k, :] = key_states, value_states
+            keys, values = bufs[0][..., : n + k, :], bufs[1][..., : n + k, :]
+            self.keys, self.values = keys, values
+            return keys, values
+
+    return GrowingLayer
 
 
 def _longest_prefix(tokens: np.ndarray, prompt: Sequence[int]) -> tuple[int, int]:
@@ -370,10 +452,28 @@ def _longest_prefix(tokens: np.ndarray, prompt: Sequence[int]) -> tuple[int, int
     return row, int(shared[row])
 
 
+#: rotary scalings whose frequencies depend on the longest position of the forward pass: keys kept from
+#: a shorter one are rotated otherwise than a full prefill's
+_ROPE_BY_LENGTH = {"dynamic", "longrope"}
+
+
+def _rope_by_length(config: Any) -> bool:
+    """Whether the model's rotary embedding is one of :data:`_ROPE_BY_LENGTH` (for any of its layer types)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return False
+    found = [params, *(v for v in params.values() if isinstance(v, dict))]
+    return any(str(p.get("rope_type", p.get("type", ""))) in _ROPE_BY_LENGTH for p in found)
+
+
 def _weights_state(model: Any) -> tuple[Any, ...]:
     """What a KV cache depends on besides its tokens: every parameter's identity, storage and version
-    (an optimizer step, a ``load_state_dict`` or a merge bumps it), each adapter layer's active adapters
-    and whether they are disabled (PEFT's ``disable_adapter``), and the autocast in effect."""
+    (an in-place update through autograd's view of it bumps it: a foreach or for-loop optimizer step, a
+    ``load_state_dict``, a LoRA merge), each adapter layer's active adapters and whether they are disabled
+    (PEFT's ``disable_adapter``), and the autocast in effect. A fused optimizer step (``fused=True``) and
+    writes through ``p.data`` bump no version: a :meth:`HFEngine.keep_turns` scope must not span one (the
+    sampler's spans one rollout)."""
     params = tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
     adapters = tuple((m.disable_adapters, tuple(m.active_adapters)) for m in model.modules()
                      if isinstance(getattr(type(m), "disable_adapters", None), property))
