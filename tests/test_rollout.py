@@ -322,14 +322,48 @@ def test_a_preallocated_cache_layer_holds_what_concatenation_does() -> None:
     assert grow.buffers is first  # written in place
     both(1)  # past the reserve: a larger buffer
     assert grow.buffers is not first and grow.get_seq_length() == 8
+    room = grow.buffers[0].shape[-2]
     for layer in (grow, plain):
         layer.batch_select_indices(torch.tensor([2, 0, 2]))
     both(1)
+    assert grow.buffers[0].shape[-2] == room  # copied into a buffer of the same room, not a doubled one
     for layer in (grow, plain):
         layer.crop(-3)
     both(2)
     assert grow.get_seq_length() == plain.get_seq_length() == 8
     assert torch.equal(grow.keys, plain.keys) and torch.equal(grow.values, plain.values)
+
+
+def test_a_model_that_makes_its_own_cache_gets_none_from_the_engine(tiny_dir) -> None:
+    """transformers 4.56 gives stateful models (Mamba, Jamba) a cache class of their own and refused the
+    engine's DynamicCache: for a model that does not take the default cache the engine passes none, and
+    prefills copies of a prompt one by one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    class OwnCacheLlama(LlamaForCausalLM):
+        @classmethod
+        def _supports_default_dynamic_cache(cls) -> bool:
+            return False
+
+        def generate(self, *args, **kwargs):
+            seen.append(sorted(k for k in kwargs if k in ("cache", "past_key_values")))
+            return super().generate(*args, **kwargs)
+
+    seen: list[list[str]] = []
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model = OwnCacheLlama(base.config)
+    model.load_state_dict(base.state_dict())
+    model.eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    chat = ChatFormat(tok)
+    prompt = chat.tokenize_text("X to move. Board: 0 1 2")
+    engine = HFEngine(model, tok, chat.stop_token_ids)
+    with engine.keep_turns():
+        out = engine.generate([prompt, prompt], SamplingConfig(temperature=0.0, max_new_tokens=4))
+        engine.generate([prompt + out[0].token_ids + [5]], SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert seen == [[], []] and engine.shared_rows == 0 and engine.reused_tokens == 0
+    assert out == HFEngine(base, tok, chat.stop_token_ids).generate([prompt, prompt], SamplingConfig(
+        temperature=0.0, max_new_tokens=4))
 
 
 def test_outside_keep_turns_the_engine_keeps_nothing(tiny_model, tiny_tokenizer) -> None:

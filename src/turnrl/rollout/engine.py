@@ -21,7 +21,9 @@ prompt that starts with one of those rows' tokens (its prompt and sampled reply)
 prefix from it and runs only the rest. Rows are matched by their tokens, so episodes that end,
 start, are windowed (``history``) or repeated need no bookkeeping; the kept cache is dropped when
 the weights or their adapters change (:func:`_weights_state`), and when the rollout ends. The logits
-then differ from a full prefill's in the last bits only (as with another batch's padding). Models whose
+then differ from a full prefill's as another batch's padding makes them differ: in the last bits in
+float32 (about 1e-6 in a log-prob), by up to about 1e-2 in bfloat16, where a sampled token can change
+(as it can with another batch's padding). Models whose
 cache is not keys and values by column (a sliding window, a recurrent state) or whose rotary frequencies
 depend on the sequence's length (``dynamic`` and ``longrope`` scaling) keep nothing.
 
@@ -215,12 +217,18 @@ class HFEngine:
 
     @functools.cached_property
     def _columns_only(self) -> bool:
-        """Whether every layer of the model's KV cache holds keys and values by column, whose rows the shared
-        prefill can select and a later call can copy (not a recurrent state: Jamba's, Qwen3-Next's)."""
+        """Whether the engine may build the model's KV cache itself: ``generate`` would give it a
+        ``DynamicCache`` (transformers 4.56 gives Mamba, Jamba and other stateful models their own cache
+        class), and every layer of it holds keys and values by column, whose rows the shared prefill can
+        select and a later call can copy (not a recurrent state: Jamba's and Qwen3-Next's in 5.x)."""
         import transformers.cache_utils as cache_utils
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        default = getattr(type(base), "_supports_default_dynamic_cache", None)
+        if default is not None and not default():
+            return False
         kinds = {DynamicLayer, getattr(cache_utils, "DynamicSlidingWindowLayer", DynamicLayer)}
         return all(type(layer) in kinds for layer in getattr(DynamicCache(config=self.model.config), "layers", []))
 
@@ -258,7 +266,7 @@ class HFEngine:
         if len(firsts) < len(prompts) and width > 1:
             kwargs[self.cache_kwarg] = self._prefill(ids, attn, rows, cache, start, reserve)
             self.shared_rows += len(prompts) - len(firsts)
-        elif cache is not None or self.preallocate:  # generate runs the rest of each prompt (or all of it)
+        elif cache is not None or (self.preallocate and self._columns_only):  # generate runs the rest (or all)
             kwargs[self.cache_kwarg] = cache if cache is not None else self._new_cache(reserve)
         ids, attn = ids[rows], attn[rows]
         if not greedy:  # each row draws from its own stream; generate then picks the drawn token
@@ -425,9 +433,14 @@ def _growing_layer() -> type:
             if old is None or bufs is None or n + k > bufs[0].shape[-2] or not all(
                     t is not None and t.data_ptr() == b.data_ptr() and t.stride() == b.stride()
                     and t.shape[:-2] == b.shape[:-2] for t, b in zip(old, bufs, strict=True)):
-                extra = self.reserve if bufs is None else max(self.reserve, n + k)
-                kb, vb = (new.new_empty((*new.shape[:-2], n + k + extra, new.shape[-1]))
-                          for new in (key_states, value_states))
+                if bufs is None:
+                    cols = n + k + self.reserve
+                elif n + k <= bufs[0].shape[-2]:  # the tensors were replaced (a batch selection): the same room
+                    cols = bufs[0].shape[-2]
+                else:  # past the reserve: twice the room, as a list grows
+                    cols = n + k + max(self.reserve, n + k)
+                self.buffers = bufs = None  # the old buffer goes before the new one comes
+                kb, vb = (new.new_empty((*new.shape[:-2], cols, new.shape[-1])) for new in (key_states, value_states))
                 for buf, t in zip((kb, vb), old or (), strict=False):
                     assert t is not None  # n > 0
                     buf[..., :n, :] = t
