@@ -3,8 +3,9 @@
 The tiny model plays tic-tac-toe against the random opponent. turnrl steps ``--num-envs``
 environments in lock-step with one batched ``generate`` per step; the peer is the way the
 reference implementations (ETO, ArCHer's data collection) roll out: one episode at a
-time, one ``generate`` per turn on the turn's whole prompt (the engine's ``reuse_turns`` off;
-turnrl's side takes each turn's prefix from the episode's last turn, ``benchmarks/turn_cache.py``).
+time, one plain ``generate`` per turn on the turn's whole prompt (the engine's ``reuse_turns`` and
+``preallocate`` off; turnrl's side takes each turn's prefix from the episode's last turn and writes
+into preallocated caches, ``benchmarks/turn_cache.py``).
 Same model, same sampling settings, same episodes.
 
     python benchmarks/rollout_throughput.py [--episodes 64] [--num-envs 32] [--model DIR]
@@ -28,9 +29,10 @@ from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
 
 
-def measure(policy, episodes: int, num_envs: int, reuse_turns: bool = True) -> dict:
+def measure(policy, episodes: int, num_envs: int, plain: bool = False) -> dict:
+    """``plain``: the engine as plain ``generate`` calls (no turn reuse, transformers' own cache)."""
     policy.engine.calls = 0
-    policy.engine.reuse_turns = reuse_turns
+    policy.engine.reuse_turns = policy.engine.preallocate = not plain
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = run_policy(policy, "tictactoe", split="train", episodes=episodes, num_envs=num_envs, seed=0)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -58,7 +60,7 @@ def main() -> None:
     measure(policy, 4, 4)  # warm-up
     batched = measure(policy, args.episodes, args.num_envs)
     # the same planned games, each turn's whole prompt prefilled as a generate call per turn does
-    sequential = measure(policy, args.episodes, 1, reuse_turns=False)
+    sequential = measure(policy, args.episodes, 1, plain=True)
     print(f"batched    ({args.num_envs:>3} envs): {batched['episodes_per_s']:8.2f} episodes/s "
           f"{batched['generated_tokens_per_s']:9.1f} tokens/s", flush=True)
     print(f"sequential (  1 env ): {sequential['episodes_per_s']:8.2f} episodes/s "

@@ -1,10 +1,12 @@
 """The lock-step sampler: N environments, one policy call per step.
 
 Every step, each active environment's conversation goes to the policy in one call (for a
-model, one batched ``generate``); each reply is parsed into an action, the invalid-action
-policy applied, and the environments stepped. When an episode ends its trajectory is
-written (flushed, so a killed collection keeps every finished episode) and the slot takes
-the next planned episode. Scripted policies (expert, random) run through the same path.
+model, one batched ``generate``, which takes each episode's earlier turns from the KV cache of
+the step before: :meth:`~turnrl.rollout.engine.HFEngine.keep_turns`); each reply is parsed into
+an action, the invalid-action policy applied, and the environments stepped. When an episode
+ends its trajectory is written (flushed, so a killed collection keeps every finished episode)
+and the slot takes the next planned episode. Scripted policies (expert, random) run through the
+same path.
 
 Episodes are planned up front (:func:`plan_episodes`): episode ``i`` of a split plays
 task ``task_ids[i % n]`` and draws its randomness (expert tie-breaks, random actions, the
@@ -179,6 +181,7 @@ class Sampler:
 
     def _play(self, slots: list[_Slot], pending: deque[EpisodeSpec], done: dict[int, Trajectory],
               on_episode: Callable[[Trajectory], None] | None) -> None:
+        """Step the slots until every planned episode is in ``done``, each freed slot taking the next one."""
         while True:
             for slot in slots:
                 if slot.spec is None and pending:
