@@ -366,6 +366,21 @@ def test_a_model_that_makes_its_own_cache_gets_none_from_the_engine(tiny_dir) ->
         temperature=0.0, max_new_tokens=4))
 
 
+def test_longest_prefix_by_hand() -> None:
+    import numpy as np
+
+    from turnrl.rollout.engine import _longest_prefix
+
+    kept = np.array([[1, 2, 3, -1], [1, 2, 4, 5], [7, 8, -1, -1]])
+    assert _longest_prefix(kept, [1, 2, 4, 5, 6]) == (1, 4)  # the whole row, and the prompt goes on
+    assert _longest_prefix(kept, [1, 2, 3]) == (0, 3)
+    assert _longest_prefix(kept, [1, 2, 9]) == (0, 2)  # a tie: the first row
+    assert _longest_prefix(kept, [1]) == (0, 1)
+    assert _longest_prefix(kept, [9, 9]) == (0, 0)
+    assert _longest_prefix(kept, []) == (0, 0)
+    assert _longest_prefix(kept[:, :0], [1, 2]) == (0, 0)
+
+
 def test_outside_keep_turns_the_engine_keeps_nothing(tiny_model, tiny_tokenizer) -> None:
     chat = ChatFormat(tiny_tokenizer)
     engine = HFEngine(tiny_model, tiny_tokenizer, chat.stop_token_ids)

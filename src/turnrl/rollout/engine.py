@@ -459,6 +459,8 @@ def _longest_prefix(tokens: np.ndarray, prompt: Sequence[int]) -> tuple[int, int
     """``(row, n)``: the row of ``tokens`` (-1 padded) that shares the longest prefix with ``prompt``, and
     that prefix's length (the first such row; ``(0, 0)`` when none shares a token)."""
     n = min(tokens.shape[1], len(prompt))
+    if not n or not len(tokens):
+        return 0, 0
     same = tokens[:, :n] == np.asarray(prompt[:n], dtype=np.int64)[None, :]
     shared = np.where(same.all(axis=1), n, same.argmin(axis=1))
     row = int(shared.argmax())
