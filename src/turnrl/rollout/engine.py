@@ -232,6 +232,12 @@ class HFEngine:
         kinds = {DynamicLayer, getattr(cache_utils, "DynamicSlidingWindowLayer", DynamicLayer)}
         return all(type(layer) in kinds for layer in getattr(DynamicCache(config=self.model.config), "layers", []))
 
+    @functools.cached_property
+    def _keeps_turns(self) -> bool:
+        """Whether a later call can take the model's keys and values from this one's: a cache by column
+        (:attr:`_columns_only`) and rotary frequencies that do not depend on the sequence's length."""
+        return self._columns_only and not _rope_by_length(self.model.config)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -256,8 +262,7 @@ class HFEngine:
         # row i of the batch is distinct prompt rows[i]
         rows = torch.tensor(row_of, dtype=torch.long)
         kwargs: dict[str, Any] = {}
-        keep = self._keeping and self.reuse_turns and self._columns_only and not _rope_by_length(self.model.config)
-        state = _weights_state(self.model) if keep else None
+        state = _weights_state(self.model) if self._keeping and self.reuse_turns and self._keeps_turns else None
         reserve = sampling.max_new_tokens  # the columns a cache's buffers leave for the reply
         kept, self._kept = self._kept, None
         cache, start = (self._reuse(kept, [prompts[i] for i in firsts], width, reserve)
