@@ -906,6 +906,10 @@ def test_action_equals_form_keeps_bracketed_arguments_with_spaces() -> None:
     assert parse_action("ACTION=go to shelf 1.\nbecause", None).action == "go to shelf 1"
     assert parse_action("Action: open door\nACTION=go to shelf 1", None).action == "go to shelf 1"
     assert parse_action("ACTION=blue, the best so far", ["blue", "red"]).candidates == ("blue",)
+    # a bandit's history line quoted in a rationale is not an action: only the upper-case form acts
+    quoted = parse_action("Step=2 Action=red Reward=0.10 was low.\nACTION=blue", ["blue", "red"])
+    assert quoted.action == "blue" and quoted.candidates == ("blue",)
+    assert parse_action("Step=2 Action=red Reward=0.10", ["blue", "red"]).action is None
 
 
 def test_sampler_refuses_a_prompt_history_its_policy_does_not_show(tiny_model, tiny_tokenizer) -> None:
