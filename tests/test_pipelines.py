@@ -181,6 +181,42 @@ def test_stage_lock_left_with_our_own_pid_is_taken_over(tmp_path: Path) -> None:
     assert taken.is_set() and not lock.exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process start times are read from /proc")
+def test_stage_lock_of_a_reused_pid_is_taken_over_and_a_live_holder_is_waited_for(tmp_path: Path) -> None:
+    """A lock names its holder by pid and start time. A killed run's pid that another process got
+    since (after a container's restart) is not the holder: the lock is taken over, where a pid alone
+    kept a resumed pipeline waiting forever. A live holder is waited for, and the wait is said once."""
+    import subprocess
+    import threading
+
+    from turnrl.pipelines.iterative import _started, stage_lock
+
+    out, said = tmp_path / "stage", []
+    lock = out.with_name("stage.lock")
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        for started, waits in ((f"{_started(other.pid)}-before", False), (_started(other.pid), True)):
+            lock.write_text(f"{other.pid} {started}")
+            os.utime(lock, (0, 0))  # written long ago
+            taken = threading.Event()
+
+            def take(taken: threading.Event = taken) -> None:
+                with stage_lock(out, poll=0.01, log=said.append):
+                    taken.set()
+
+            t = threading.Thread(target=take, daemon=True)
+            t.start()
+            t.join(timeout=0.5 if waits else 10)
+            assert taken.is_set() is not waits
+        assert said == [f"waiting for process {other.pid}, which is running this stage ({lock} names it)"]
+        other.kill()
+        other.wait()
+        t.join(timeout=10)  # the holder died: its lock is taken over
+        assert taken.is_set() and not lock.exists()
+    finally:
+        other.kill()
+
+
 def test_iter_dir(tmp_path: Path) -> None:
     d = iter_dir(tmp_path / "run", 2)
     assert d == tmp_path / "run" / "iter-2" and d.is_dir()

@@ -714,6 +714,9 @@ def test_a_setting_of_another_loss_is_refused_not_ignored(setting: str, loss: st
     ("ipo", "eta=3", "eta=3.0: read by loss=sppo only, and this command trains with loss=ipo"),
     ("dmpo", "sppo_variant=hard", "sppo_variant=hard: read by loss=sppo only, and this command trains with loss=dmpo"),
     ("sppo", "beta=0.5", "beta=0.5: read by loss=dpo/ipo/dmpo only, and this command trains with loss=sppo"),
+    # a default value given is refused too (the README's DMPO line, gamma=0.7, run as dpo)
+    ("dpo", "gamma=0.7", "gamma=0.7: read by loss=dmpo only, and this command trains with loss=dpo"),
+    ("sppo", "beta=0.1", "beta=0.1: read by loss=dpo/ipo/dmpo only, and this command trains with loss=sppo"),
 ])
 def test_train_refuses_a_setting_its_loss_does_not_read(command: str, setting: str, said: str, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:

@@ -338,7 +338,7 @@ def _preference_command(loss: str) -> None:
         if cfg.loss != loss:  # the command is the loss: another one set in the config would be ignored
             raise TurnRLError(f"loss={cfg.loss} is set (--config or an override), but this command trains "
                               f"{loss}; run 'turnrl train {cfg.loss}' or drop the key")
-        cfg.check_unread([loss], what="this command trains")  # gamma under dpo, eta under dmpo, beta under sppo
+        cfg.check_unread([loss], what="this command trains", given=cfg.model_fields_set)  # gamma under dpo, eta under dmpo, beta under sppo
         result = train_preference(model, pairs, out, cfg, resume=resume, eval_data=eval_pairs)
         console.print(f"{loss.upper()} finished: {result.steps} steps, final loss {result.final_loss:.4f}; "
                       f"model in {result.model_dir}")

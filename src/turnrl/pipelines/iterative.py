@@ -245,20 +245,52 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _started(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s 22nd field), with
+    the boot's id: with its pid, this names one process, which a pid alone does not (pids are reused,
+    after a container's restart from 1). ``""`` where ``/proc`` does not tell (not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(")") + 2:].split()  # after the command name, which may hold spaces
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else ""
+
+
+def _holder(lock: Path) -> tuple[int, str]:
+    """The pid and start (:func:`_started`) a lock file names; ``(0, "")`` if unreadable."""
+    try:
+        pid, _, started = lock.read_text().strip().partition(" ")
+        return int(pid or 0), started
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def _holds(pid: int, started: str) -> bool:
+    """Whether the process a lock names still runs: its pid, and where the lock recorded a start, the
+    same start (a pid reused by another process after the holder died is not the holder)."""
+    if not pid or pid == os.getpid() or not _alive(pid):  # our own pid: a killed run's, reused
+        return False
+    return not started or _started(pid) in ("", started)
+
+
 @contextlib.contextmanager
-def stage_lock(output: Path, poll: float = 5.0) -> Iterator[None]:
-    """Hold ``<output>.lock`` (created exclusively, holding our pid); wait while a live process
-    holds it, take over a dead one's. Lets several processes share one pipeline directory."""
+def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold ``<output>.lock`` (created exclusively, holding our pid and start time); wait while a
+    live process holds it, take over a dead one's. Lets several processes share one pipeline
+    directory. ``log`` is told once when the wait begins, with the holder's pid."""
     lock = output.with_name(output.name + ".lock")
+    told = False
     while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _alive(pid):  # our own pid: a killed run's, reused
+            pid, started = _holder(lock)
+            if _holds(pid, started):
+                if log is not None and not told:
+                    log(f"waiting for process {pid}, which is running this stage ({lock} names it)")
+                    told = True
                 time.sleep(poll)
             elif time.time() - _mtime(lock) > 2 * poll:  # stale: its holder died
                 with contextlib.suppress(FileNotFoundError):
@@ -267,7 +299,7 @@ def stage_lock(output: Path, poll: float = 5.0) -> Iterator[None]:
                 time.sleep(poll)
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+            f.write(f"{os.getpid()} {_started(os.getpid())}".strip())
         break
     try:
         yield
@@ -296,7 +328,7 @@ def run_stage(output: str | Path, fn: StageFn, *, log: Callable[[str], None] | N
             log(f"skip {label} (done)")
         return read_done(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    with stage_lock(output):
+    with stage_lock(output, log=log):
         if is_done(output):  # finished by another process while we waited
             return read_done(output)
         if log is not None:

@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -98,14 +98,21 @@ class PreferenceConfig(TrainConfig):
         "beta": ("dpo", "ipo", "dmpo"), "gamma": ("dmpo",), "eta": ("sppo",), "sppo_variant": ("sppo",)}
 
     def check_unread(self, losses: Sequence[str], key: str = "", defaults: PreferenceConfig | None = None,
-                     what: str = "this run trains") -> None:
-        """One line for a setting that none of ``losses`` reads (:attr:`read_by`) and that differs from
-        its default (the field's, or ``defaults``', a pipeline's own): it would do nothing. Pipelines
-        train with these settings under several losses (DMPO's gamma in a DPO row of ``turnrl
-        compare``), so the trainer itself does not check this; the commands a user gives them to do."""
+                     what: str = "this run trains", given: Collection[str] | None = None) -> None:
+        """One line for a setting that none of ``losses`` reads (:attr:`read_by`): it would do nothing.
+        With ``given`` (the keys the user set: ``turnrl train``'s), any of them is refused, its default
+        value too; without it (a pipeline's section, filled in from its defaults), one whose value differs
+        from its default (the field's, or ``defaults``', the pipeline's own). Pipelines train with these
+        settings under several losses (DMPO's gamma in a DPO row of ``turnrl compare``), so the trainer
+        itself does not check this; the commands a user gives them to do."""
         for name, readers in self.read_by.items():
             value = getattr(self, name)
-            if set(readers) & set(losses) or value == type(self).model_fields[name].default or \
+            if set(readers) & set(losses):
+                continue
+            if given is not None:
+                if name not in given:
+                    continue
+            elif value == type(self).model_fields[name].default or \
                     (defaults is not None and value == getattr(defaults, name)):
                 continue
             raise TurnRLError(f"{key}{name}={value}: read by loss={'/'.join(readers)} only, and {what} with "
