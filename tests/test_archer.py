@@ -169,6 +169,7 @@ def test_a_few_iterations_run_end_to_end(algo: str, tiny_dir: Path, tmp_path: Pa
     if algo == "archer":
         assert "critic/loss" in rows[1] and "actor/loss" not in rows[1]  # warm-up: critic only
         assert all(torch.isfinite(torch.tensor(rows[2][k])) for k in ("actor/loss", "critic/loss"))
+        assert "actor/kl" not in rows[2]  # actor_kl 0 computes no KL: a logged 0 would read as no drift
         assert changed > 0
     elif algo == "chai":
         assert "critic/loss" in rows[2] and "actor/loss" not in rows[2] and changed == 0  # frozen actor

@@ -51,9 +51,9 @@ Departures from the paper (and why):
   advantages within each actor batch (:func:`normalize_advantages`): with a critic that is
   still learning, the raw advantages of a batch share one sign (V regresses on the lagging
   target Q), and ``-A log pi`` with a negative mean pushes every sampled reply down.
-* A reply cut by ``max_new_tokens`` is trained with the template's end-of-turn token appended
-  (as in PPO), a token the model did not sample: its log-prob enters the actor's sum and the KL
-  term, so a cut reply teaches the model to end its turn there.
+* A reply cut by ``max_new_tokens`` is trained on the tokens it sampled only: the template's
+  end-of-turn marker that closes it in every later context is context (as in PPO), so neither the
+  actor's sum nor the KL term holds a token the model did not sample.
 * ``actor_kl`` (default 0, the paper) adds ``actor_kl * sum_h k3`` over the sampled tokens,
   a KL penalty from the actor to the frozen starting policy (as PPO's ``beta_kl``): with a
   critic that ranks replies little better than chance the actor otherwise drifts into a
@@ -759,7 +759,8 @@ class OnlineRun:
             rec["raw_advantage_std"] = float(raw.std()) if raw.numel() > 1 else 0.0
             rec["q"] = float(value.mean())
             for k in ("loss", "advantage", "logp", "kl", "grad_norm", "raw_advantage", "raw_advantage_std", "q"):
-                sums[k] = sums.get(k, 0.0) + float(rec.get(k, 0.0))
+                if k in rec:  # kl only where actor_kl > 0 computes it (a logged 0 would read as no drift)
+                    sums[k] = sums.get(k, 0.0) + float(rec[k])
         return {f"actor/{k}": v / self.cfg.actor_steps for k, v in sums.items()}
 
     def bc_phase(self) -> dict[str, float]:
