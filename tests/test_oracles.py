@@ -203,6 +203,24 @@ def test_comparisons_cli_without_any_pair_is_a_one_line_error(tmp_path: Path, ca
                                                   "avg_label": 0.5}
 
 
+def test_comparisons_cli_refuses_a_tau_its_hard_labels_would_ignore(tmp_path: Path, capsys) -> None:
+    """Hard labels are 1, 0 or 1/2 by the returns' order: ``--tau`` changed nothing without ``--soft``."""
+    from turnrl.data.io import write_jsonl
+
+    games = tmp_path / "games.jsonl"
+    write_jsonl(games, [_traj("a", 1.0, "x"), _traj("a", 0.0, "y")])
+    out = tmp_path / "c.jsonl"
+    code, _, err = run(["comparisons", "--trajectories", str(games), "--out", str(out), "--tau", "0.5"], capsys)
+    assert one_line_error(code, err) == ("error: --tau 0.5: the oracle temperature of --soft labels; hard labels "
+                                         "have none (it would be ignored): add --soft or leave --tau out")
+    assert not out.exists()
+    for tau, label in (("0.5", s(2.0)), ("2", s(0.5))):
+        code, _, _ = run(["comparisons", "--trajectories", str(games), "--out", str(out), "--tau", tau, "--soft"],
+                         capsys)
+        (comp,) = read_comparisons(out)  # the winner's side is drawn: P(winner > loser) either way round
+        assert code == 0 and max(comp.label, 1 - comp.label) == pytest.approx(label)
+
+
 # ------------------------------------------------------------------------ pairwise model
 
 
@@ -342,6 +360,23 @@ def test_judge_runs_end_to_end_on_tiny(tiny_dir: Path) -> None:
     assert judge.probs(queries) == pytest.approx(want, abs=1e-5)
     assert m[0, 1] == pytest.approx((want[0] + 1 - want[1]) / 2, abs=1e-5)  # both orders averaged
     assert parse_verdict("Answer: B, because") == 0.0 and parse_verdict("A") == 1.0 and parse_verdict("none") is None
+
+
+def test_judge_prompts_keep_to_max_tokens(tiny_dir: Path) -> None:
+    """max_tokens bounds the prompt: the task and both attempts share what the fixed prompt leaves (64
+    gave 187-token prompts, each part kept at least 16 tokens past a guessed 160-token overhead); a
+    max_tokens too small for that is refused up front."""
+    from turnrl.oracles.judge import JudgeOracle
+
+    trajs = _ttt_trajectories(2)
+    fixed = len(JudgeOracle(tiny_dir, max_tokens=4000)._assemble("", "", ""))
+    for limit in (fixed + 48, fixed + 150, 1024):
+        judge = JudgeOracle(tiny_dir, max_tokens=limit)
+        lengths = [len(judge.prompt("g", a, b)) for a in trajs for b in trajs if a is not b]
+        assert max(lengths) <= limit + 6, (limit, lengths)  # a cut's re-tokenization may move a few tokens
+    with pytest.raises(TurnRLError, match=rf"^judge max_tokens=64: the judge's fixed prompt takes {fixed} tokens.*"
+                                          rf"use at least {fixed + 48}$"):
+        JudgeOracle(tiny_dir, max_tokens=64)
 
 
 def test_make_oracle_errors() -> None:

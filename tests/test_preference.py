@@ -683,10 +683,21 @@ def test_dmpo_keeps_each_trajectorys_own_T_when_max_length_cuts_turns(tiny_token
 
 
 def test_hard_sppo_holds_a_sample_that_ties_with_its_group() -> None:
-    """Under sppo_variant=hard a win rate of exactly 1/2 has target 0 (as under soft), not -eta/2."""
+    """Under sppo_variant=hard a win rate of 1/2 has target 0 (as under soft), not -eta/2; so has one a
+    rounding step off it, as the row mean of a balanced group gives (a draw among 4 losses, 2 draws and
+    4 wins, tau 1: 0.4999999999999999)."""
     import turnrl.train.preference as P
+    from turnrl.data.schema import Message, Trajectory
+    from turnrl.oracles import EnvRewardOracle, preference_matrices, win_rates
 
-    units = [P.Unit(seqs=[], num_turns=[1], win_rate=w, ref=torch.zeros(1, 1)) for w in (0.5, 0.9, 0.1)]
+    def sample(i: int, ret: float) -> Trajectory:
+        msgs = [Message("system", "play"), Message("user", "Board"), Message("assistant", "Action: 1", action="1")]
+        return Trajectory(id=f"t-{i}", env="tictactoe", task_id="t", messages=msgs, rewards=[ret], return_=ret)
+
+    group = [sample(i, r) for i, r in enumerate([-1.0] * 4 + [0.0] * 2 + [1.0] * 4)]
+    rates = win_rates(preference_matrices(EnvRewardOracle(1.0), {"t": group})["t"])
+    assert rates[4] != 0.5 and abs(rates[4] - 0.5) < 1e-15  # the rounding this test is about
+    units = [P.Unit(seqs=[], num_turns=[1], win_rate=w, ref=torch.zeros(1, 1)) for w in (0.5, 0.9, 0.1, rates[4])]
     policy = [torch.zeros(1, 1) for _ in units]  # the policy is the reference: every log-ratio is 0
     obj = P.PreferenceObjective(P.PreferenceConfig(loss="sppo", sppo_variant="hard", eta=5.0))
     orig = P.unit_turn_logps
@@ -695,7 +706,8 @@ def test_hard_sppo_holds_a_sample_that_ties_with_its_group() -> None:
         losses, m = obj.losses(None, units)
     finally:
         P.unit_turn_logps = orig
-    assert m["target"].tolist() == pytest.approx([0.0, 2.5, -2.5]) and losses.tolist() == pytest.approx([0.0, 6.25, 6.25])
+    assert m["target"].tolist() == pytest.approx([0.0, 2.5, -2.5, 0.0])
+    assert losses.tolist() == pytest.approx([0.0, 6.25, 6.25, 0.0])
 
 
 @pytest.mark.parametrize(("setting", "loss"), [("sft_weight", "sppo"), ("label_smoothing", "ipo"),

@@ -31,7 +31,8 @@ def sppo(
 def comparisons(
     trajectories: Annotated[list[Path], typer.Option(help="Trajectories JSONL (repeatable).")],
     out: Annotated[Path, typer.Option(help="Output comparisons JSONL.", callback=out_file)],
-    tau: Annotated[float, typer.Option(help="Env-reward oracle temperature.")] = 1.0,
+    tau: Annotated[float | None, typer.Option(help="Env-reward oracle temperature of --soft labels (default 1).")]
+    = None,
     soft: Annotated[bool, typer.Option(help="Keep the oracle's soft probability as the label.")] = False,
     pairs_per_task: Annotated[int | None, typer.Option(min=1, help="At most this many pairs a task.")] = None,
     skip_ties: Annotated[bool, typer.Option(help="Drop pairs with equal returns.")] = False,
@@ -43,9 +44,12 @@ def comparisons(
     from turnrl.errors import TurnRLError, check_not_input
     from turnrl.oracles import EnvRewardOracle, comparisons_from_trajectories, write_comparisons
 
+    if tau is not None and not soft:  # hard labels are 1, 0 or 1/2 by the returns' order alone
+        raise TurnRLError(f"--tau {tau}: the oracle temperature of --soft labels; hard labels have none (it would be "
+                          "ignored): add --soft or leave --tau out")
     check_not_input(out, trajectories)
     trajs = [t for f in trajectories for t in read_trajectories(f)]
-    comps = comparisons_from_trajectories(trajs, oracle=EnvRewardOracle(tau), hard=not soft,
+    comps = comparisons_from_trajectories(trajs, oracle=EnvRewardOracle(1.0 if tau is None else tau), hard=not soft,
                                           pairs_per_task=pairs_per_task, skip_ties=skip_ties, seed=seed)
     if not comps:  # an empty file would only fail later, in `turnrl train preference-model`
         files = ", ".join(str(f) for f in trajectories)

@@ -67,6 +67,12 @@ class JudgeOracle(Oracle):
         self.final_observation = final_observation
         self.answer_ids = self._answer_prefix_ids()
         self.token_a, self.token_b = self._letter_ids()
+        # what every prompt holds besides the task and the two attempts, which share the rest of max_tokens
+        fixed = len(self._assemble("", "", ""))
+        self.part_budget = (max_tokens - fixed) // 3
+        if self.part_budget < 16:
+            raise TurnRLError(f"judge max_tokens={max_tokens}: the judge's fixed prompt takes {fixed} tokens, leaving "
+                              f"fewer than 16 for each of the task and the two attempts; use at least {fixed + 48}")
 
     def _answer_prefix_ids(self) -> list[int]:
         return list(self.tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
@@ -103,11 +109,16 @@ class JudgeOracle(Oracle):
         return "..." + str(self.tok.decode(ids[-budget:]))
 
     def prompt(self, task_id: str, a: Any, b: Any) -> list[int]:
-        """Token ids of the judge prompt for ``(a, b)``, ending right before the verdict."""
-        budget = max(16, (self.max_tokens - 160) // 3)
-        user = JUDGE_USER.format(task=self._clip(render_task(a), budget),
-                                 a=self._clip(render_trajectory(a, final_observation=self.final_observation), budget),
-                                 b=self._clip(render_trajectory(b, final_observation=self.final_observation), budget))
+        """Token ids of the judge prompt for ``(a, b)``, ending right before the verdict: the task and
+        each attempt are cut from the left to a third of what ``max_tokens`` leaves after the fixed
+        prompt (give or take the few tokens a cut's re-tokenization moves)."""
+        budget = self.part_budget
+        return self._assemble(self._clip(render_task(a), budget),
+                              self._clip(render_trajectory(a, final_observation=self.final_observation), budget),
+                              self._clip(render_trajectory(b, final_observation=self.final_observation), budget))
+
+    def _assemble(self, task: str, a: str, b: str) -> list[int]:
+        user = JUDGE_USER.format(task=task, a=a, b=b)
         ids = self.chat.prompt_ids([{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}])
         return ids + self.answer_ids
 

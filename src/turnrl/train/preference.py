@@ -128,6 +128,11 @@ class PreferenceConfig(TrainConfig):
             raise TurnRLError(f"{key}label_smoothing applies to dpo (cDPO), not to {loss}")
 
 
+#: How far from 1/2 a win rate must be for ``sppo_variant=hard`` to count it a win or a loss: rounding
+#: only (a win rate over K samples of an oracle's probabilities moves in far larger steps)
+HARD_TIE = 1e-9
+
+
 @dataclass
 class Unit:
     """One training unit: its sequences (chosen then rejected, or one sample) and targets."""
@@ -336,8 +341,10 @@ class PreferenceObjective:
             rates = torch.tensor([u.win_rate for u in examples], dtype=torch.float64)
             if cfg.sppo_variant == "hard":
                 # P-hat 1 above 1/2 and 0 below (the hard targets +-eta/2); a tie with the group is held
-                # where it is (target 0), as the soft variant holds it: not pushed down as a loser
-                rates = torch.where(rates > 0.5, 1.0, torch.where(rates < 0.5, 0.0, 0.5))
+                # where it is (target 0), as the soft variant holds it: not pushed down as a loser. A row mean
+                # of a balanced group lands a rounding step off 1/2 (0.4999999999999999 for 10 samples):
+                # within HARD_TIE of 1/2 is a tie
+                rates = torch.where(rates > 0.5 + HARD_TIE, 1.0, torch.where(rates < 0.5 - HARD_TIE, 0.0, 0.5))
             return sppo_loss(policy, ref, rates.to(policy.dtype).to(dev), eta=cfg.eta, variant="soft")
         pc = _pad_turns([p[0] for p in pol], width)
         pr = _pad_turns([p[1] for p in pol], width)
