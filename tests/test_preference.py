@@ -398,6 +398,34 @@ def test_training_raises_heldout_preference_accuracy(loss: str, ttt_pairs, tiny_
     assert calls == []
 
 
+def test_the_reference_cache_is_keyed_by_the_tokens_it_was_computed_on(ttt_pairs, tiny_dir: Path, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """A policy whose tokenizer splits the same text otherwise (its merges cut; vocabulary and template
+    unchanged), on the same pairs file and reference, gets a reference pass of its own: the cache of
+    the first policy's tokens made its first loss 51 instead of log 2."""
+    import shutil
+
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    tok_file = other / "tokenizer.json"
+    spec = json.loads(tok_file.read_text())
+    spec["model"]["merges"] = spec["model"]["merges"][:300]
+    tok_file.write_text(json.dumps(spec))
+    train, _ = ttt_pairs
+    cfg = preference.PreferenceConfig(loss="dpo", lr=0.0, max_steps=1, batch_size=4, ref_model=str(tiny_dir))
+    calls = []
+    real = preference.compute_reference
+    monkeypatch.setattr(preference, "compute_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for policy in (tiny_dir, other):
+        preference.train_preference(str(policy), train, tmp_path / policy.name, cfg)
+        first = json.loads((tmp_path / policy.name / "metrics.jsonl").read_text().splitlines()[0])
+        assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)  # policy == reference on its own tokens
+    assert len(calls) == 2 and len(list((tmp_path / "home" / "ref_logps").iterdir())) == 2
+
+
 def test_sft_weight_adds_alpha_times_chosen_token_nll(ttt_pairs, tiny_dir: Path) -> None:
     """RPO's term: the objective with sft_weight alpha is the DPO/DMPO loss plus alpha x the
     chosen side's log-prob over its agent-turn tokens, computed here independently."""

@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import os
+from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -397,11 +398,29 @@ def compute_reference(model: Any, units: Sequence[Unit], cfg: PreferenceConfig, 
     return out
 
 
-def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig) -> Path:
+def units_hash(units: Sequence[Unit]) -> str:
+    """A hash of exactly what the reference reads of ``units``: each sequence's token ids, action mask
+    and turn index, and how the sequences make up each unit's sides and turns. Whatever decides the
+    tokens (the tokenizer's files, the chat template, the stop ids, ``history``, ``max_length``, the
+    code that renders and windows a trajectory) is in it, so a reference cache is never read for other
+    tokens."""
+    h = hashlib.sha256()
+    for u in units:
+        h.update(json.dumps([len(u.seqs), u.num_turns, u.sides]).encode())
+        for e in u.seqs:
+            for row in (e.input_ids, e.action_mask, e.turn_index):
+                h.update(len(row).to_bytes(8, "little"))
+                h.update(array("q", row).tobytes())
+    return h.hexdigest()[:24]
+
+
+def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig, tokens_hash: str = "") -> Path:
+    """``$TURNRL_HOME/ref_logps/<key>.pt``, the key hashing the reference's fingerprint, the data
+    file's hash, the units' tokens (:func:`units_hash`) and the precision the reference runs in."""
     from turnrl.models.loading import training_dtype, turnrl_home
 
     key_settings: dict[str, Any] = {"max_length": cfg.max_length, "loss_kind": cfg.loss == "sppo",
-                                    "mp": cfg.mixed_precision}
+                                    "mp": cfg.mixed_precision, "tokens": tokens_hash}
     if cfg.history is not None:
         key_settings["history"] = cfg.history
     if cfg.mixed_precision != "no":  # the dtype the reference loads in, run under autocast
@@ -497,7 +516,7 @@ def train_preference(
     for group, path in ((units, Path(data)), (held_out, Path(eval_data) if eval_data else None)):
         if not group or path is None:
             continue
-        cache = ref_cache_path(ref_fp, file_hash(path), cfg)
+        cache = ref_cache_path(ref_fp, file_hash(path), cfg, units_hash(group))
         if acc.is_main_process and not cache.is_file():
             if ref is None:  # loaded once, for the training and the held-out data alike
                 ref = model if cfg.ref_model is None else load_model(cfg.ref_model, dtype=dtype)
