@@ -179,6 +179,16 @@ def test_broken_envs_are_reported(flag: str, needle: str) -> None:
     assert e.value.problems == problems and "\n" not in str(e.value)
 
 
+def test_a_max_turns_that_raises_is_a_problem_not_a_crash() -> None:
+    class Broken(Counter):
+        @property  # type: ignore[override]
+        def max_turns(self) -> int:
+            raise RuntimeError("no limit known")
+
+    problems = check_env(Broken())
+    assert any(p.endswith("max_turns raised RuntimeError: no limit known") for p in problems), problems
+
+
 def test_bad_types_are_all_named() -> None:
     problems = check_env(Counter(bad_types=True))
     assert any("terminated must be a bool" in p for p in problems)

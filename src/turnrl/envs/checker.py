@@ -144,7 +144,7 @@ class _Checker:
         return acts
 
     def max_turns(self) -> int:
-        n = getattr(self.env, "max_turns", None)
+        n = self.call("max_turns", getattr, self.env, "max_turns", None)  # a property may raise
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             self.problem(f"max_turns must be a positive int, got {_short(n)}")
             raise _Stop
