@@ -663,8 +663,31 @@ def test_aggregate_pairs_rows_with_sft_game_by_game() -> None:
     assert (g["up"], g["down"]) == (2, 1)  # games 1 and 2 go up, game 3 down
     assert rows["sft"]["vs_sft_by_game"] is None and rows["eto"]["vs_sft"]["seeds"] == 3
     md = report(CompareConfig(methods=["sft", "eto"]), list(rows.values()), recs)
-    assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |" in md
-    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games (contains 0; 2 up, 1 down)" in md
+    # the by-game figure says it rests on fewer seeds than the paired one beside it
+    assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}], 2 of 3 seeds |" in md
+    assert f"by game {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] over 4 games, 2 of 3 seeds (contains 0; 2 up, 1 down)" in md
+    both = [r for r in recs if r["seed"] != 2]
+    md = report(CompareConfig(methods=["sft", "eto"]), aggregate(both), both)
+    assert f"| {m:+.3f} [{ci[0]:.3f}, {ci[1]:.3f}] |" in md and "over 4 games (contains 0" in md
+
+
+def test_one_seed_tables_print_no_ci_across_seeds_and_claims_give_no_verdict() -> None:
+    """With one seed a CI across seeds is a point: printed as [0.250, 0.250] it read as an interval
+    that excludes 0, and the DMPO-vs-DPO claim still picked a side. The by-game CI (across games)
+    stays."""
+    from turnrl.pipelines.compare import CompareConfig, _with_dmpo_iteration, aggregate, report
+
+    games = {"sft": [1.0, 0.0, -1.0, 0.0], "eto": [1.0, 1.0, 0.0, 0.0], "dmpo-g0.1-noisy": [1.0, 1.0, 1.0, 0.0]}
+    recs = [_rec(m, 0, "seen", sum(g) / 4, game_returns=g, **({} if m == "sft" else {"iteration": 1}))
+            for m, g in games.items()]
+    cfg = CompareConfig(methods=["sft", "eto", "dmpo"], dmpo_gammas=[0.1])
+    rows = _with_dmpo_iteration(cfg, aggregate(recs), recs)
+    md = report(cfg, rows, recs)
+    assert "| sft | seen | 1 | 0.000 | (one seed: no CI) |" in md
+    assert "| +0.500 (one seed: no CI) | +0.500 [" in md  # paired across seeds: none; by game: a CI
+    assert "noisy losers, seen: DMPO gamma=0.1 0.750 (one seed: no CI) vs DPO 0.500 (one seed: no CI) -> " \
+           "one seed: no CI across seeds, no verdict" in md
+    assert "[0.250, 0.250]" not in md and "[0.000, 0.000]" not in md
 
 
 def test_report_tables_round_a_statistic_once() -> None:

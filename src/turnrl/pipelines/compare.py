@@ -457,7 +457,8 @@ def _versus(r: Record, base: Record) -> str:
                   f"({_side(d)}; {d['up']} up, {d['down']} down)")
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
-        paired += (f"; by game {g['mean']:+.3f} {_ci(g)} over {g['games']} games "
+        of = f", {g['seeds']} of {r['seeds']} seeds" if g["seeds"] < r["seeds"] else ""
+        paired += (f"; by game {g['mean']:+.3f} {_ci(g, n='games')} over {g['games']} games{of} "
                    f"({_side(g)}; {g['up']} up, {g['down']} down)")
     if not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
         side = "above" if r["avg_reward"] > base["avg_reward"] else "below"
@@ -493,11 +494,14 @@ def verdicts(cfg: CompareConfig, rows: list[Record]) -> list[str]:
                        + (f" (the DPO baseline is ETO's iteration {cfg.dmpo_iterations}, dpo_from_eto: run eto too)"
                           if from_eto else ""))
         elif dm is not None and dpo is not None:
-            out.append(f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
-                       f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> "
-                       + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"] else "DPO higher (mean)")
-                       + ("; one seed: no CI" if min(dm["seeds"], dpo["seeds"]) < 2
-                          else "; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
+            head = (f"- noisy losers, seen: DMPO gamma={g:g} {dm['avg_reward']:.3f} {_ci(dm)} vs DPO "
+                    f"{dpo['avg_reward']:.3f} {_ci(dpo)} -> ")
+            if min(dm["seeds"], dpo["seeds"]) < 2:
+                out.append(head + "one seed: no CI across seeds, no verdict")
+            else:
+                out.append(head + ("DMPO at least as good (mean)" if dm["avg_reward"] >= dpo["avg_reward"]
+                                   else "DPO higher (mean)")
+                           + ("; CIs overlap" if overlap(tuple(dm["ci95"]), tuple(dpo["ci95"])) else "; CIs do not overlap"))
     sppo, sp_dpo = _row(rows, "sppo", "seen"), _row(rows, "sppo_dpo", "seen")
     if sppo is not None and sp_dpo is not None:
         out.append(f"- sppo vs sppo_dpo (seen, same samples and oracle): {_versus(sppo, sp_dpo)}")
@@ -515,8 +519,19 @@ def _side(d: Record) -> str:
     return "above 0" if d["ci95"][0] > 0 else "below 0" if d["ci95"][1] < 0 else "contains 0"
 
 
-def _ci(r: Record) -> str:
-    return f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+def _ci(r: Record, key: str = "ci95", n: str = "seeds") -> str:
+    """``r[key]`` as ``[lo, hi]``; "no CI" where it is across fewer than two seeds (or games, ``n``):
+    a zero-width interval would read as one that excludes everything."""
+    if r.get(n, 2) < 2:
+        return f"(one {n[:-1]}: no CI)"
+    return f"[{r[key][0]:.3f}, {r[key][1]:.3f}]"
+
+
+def _by_game(g: Record, seeds: int) -> str:
+    """A by-game difference with its CI across games, naming its seeds where it has fewer than the row
+    (a seed whose records lack the games' returns is left out of it)."""
+    fewer = f", {g['seeds']} of {seeds} seeds" if g["seeds"] < seeds else ""
+    return f"{g['mean']:+.3f} {_ci(g, n='games')}{fewer}"
 
 
 ITERATIVE = ("eto", "sppo", "sppo_dpo")
@@ -576,9 +591,9 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         lt = "" if r.get("loser_turns") is None else f"{r['loser_turns']:.2f}"
         d, g = r.get("vs_sft"), r.get("vs_sft_by_game")
         paired = "" if d is None else f"{d['mean']:+.3f} {_ci(d)}"
-        paired += " | " + ("" if g is None else f"{g['mean']:+.3f} {_ci(g)}")
+        paired += " | " + ("" if g is None else _by_game(g, r["seeds"]))
         lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | {paired} | "
-                     f"{r['success_rate']:.3f} | [{r['success_ci95'][0]:.3f}, {r['success_ci95'][1]:.3f}] | "
+                     f"{r['success_rate']:.3f} | {_ci(r, 'success_ci95')} | "
                      f"{r['invalid_action_rate']:.3f} | {lt} |")
     it = iteration_rows(records)
     if it:
