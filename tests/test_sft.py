@@ -118,13 +118,20 @@ def test_a_model_or_adapter_folder_of_no_run_in_out_is_refused_not_replaced(tiny
     shutil.copytree(tiny_dir, proj / "model")
     (proj / "model" / "NOTES.txt").write_text("mine")
     common = {"max_steps": 1, "lr": 1e-3, "row_tokens": 1024, "batch_size": 8}
-    with pytest.raises(TurnRLError, match=r"proj/model: exists and is no run's output"):
-        train_sft(str(proj / "model"), demos, proj, SFTConfig(**common))
+    for resume in (False, True):  # --resume with no checkpoint starts over: it replaced the input model
+        with pytest.raises(TurnRLError, match=r"proj/model: exists and is no run's output"):
+            train_sft(str(proj / "model"), demos, proj, SFTConfig(**common), resume=resume)
     assert (proj / "model" / "NOTES.txt").read_text() == "mine" and not (proj / "data_stats.json").exists()
     (tmp_path / "q" / "adapter").mkdir(parents=True)
     with pytest.raises(TurnRLError, match=r"q/adapter: exists and is no run's output"):
         train_sft(str(tiny_dir), demos, tmp_path / "q", SFTConfig(**common))
     train_sft(str(tiny_dir), demos, tmp_path / "fresh", SFTConfig(**common))  # an empty or new folder trains
+    # a run killed in its final save (model/ written, no summary, no checkpoint) resumes over its own model/
+    (tmp_path / "fresh" / "summary.json").unlink()
+    shutil.rmtree(tmp_path / "fresh" / "checkpoints", ignore_errors=True)
+    assert (tmp_path / "fresh" / "model").is_dir()
+    train_sft(str(tiny_dir), demos, tmp_path / "fresh", SFTConfig(**common), resume=True)
+    assert (tmp_path / "fresh" / "summary.json").is_file()
 
 
 def test_load_trajectories_reads_an_eto_exploration_output_and_names_what_is_no_file(tmp_path: Path) -> None:

@@ -698,19 +698,23 @@ class Trainer:
         """Called by :meth:`train`, and by a trainer before it writes files of its own there. Without
         ``resume``, refuse an ``out_dir`` that holds a run (a checkpoint or a summary), or a ``model/``
         or ``adapter/`` of no run (the final save replaces them: they may be the user's, even the input
-        model). With ``resume``, refuse a newest checkpoint of another config or process count."""
+        model; with ``resume`` too, where no checkpoint, summary or metrics file shows a run). With
+        ``resume``, refuse a newest checkpoint of another config or process count."""
         ckpt = latest_checkpoint(self.out_dir)
-        if not resume:
-            if ckpt is not None or (self.out_dir / SUMMARY).exists():
-                raise TurnRLError(
-                    f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
-                )
+        if not resume and (ckpt is not None or (self.out_dir / SUMMARY).exists()):
+            raise TurnRLError(
+                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
+            )
+        # a resume with no checkpoint starts over, and so replaces model/ too: only a run's own (one killed
+        # in its final save has its metrics file, which training opens before its first step)
+        ours = resume and ((self.out_dir / SUMMARY).exists() or (self.out_dir / METRICS).exists())
+        if ckpt is None and not ours:
             for name in ("model", "adapter"):
                 if (self.out_dir / name).exists():
-                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output (no checkpoint or "
-                                      f"{SUMMARY} beside it); the final save would replace it: choose another --out")
-            return
-        if ckpt is None:
+                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output (no checkpoint, "
+                                      f"{SUMMARY} or {METRICS} beside it); the final save would replace it: choose "
+                                      "another --out")
+        if not resume or ckpt is None:
             return
         state = json.loads((ckpt / TRAINER_STATE).read_text())
         if state.get("config_hash") != self.config_hash and state.get("config_hash") not in self.legacy_hashes:
