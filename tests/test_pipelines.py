@@ -1207,6 +1207,23 @@ def test_takeover_iteration_writes_its_stage_and_pairs_from_it(tmp_path: Path, m
         assert is_done(it / "takeover.jsonl") == (pairs == "takeover")
 
 
+def test_an_iteration_without_pairs_says_what_the_builder_counted(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error named one guess ("every explored return equals the expert's?") whatever happened, in
+    self-play too, which has no expert; it gives the pair builder's counts."""
+    from turnrl.collect import run_policy
+    from turnrl.pipelines import eto
+    from turnrl.rollout import ExpertPolicy
+
+    monkeypatch.setattr(eto, "_policy", lambda model, cfg, temperature: ExpertPolicy())  # plays as the expert
+    cfg = eto.EtoConfig(expert_episodes=6).check()
+    expert = tmp_path / "expert.jsonl"
+    run_policy(ExpertPolicy(), cfg.env, specs=eto._train_specs(cfg), env_opts=cfg.env_opts, prompt=cfg.prompt(),
+               out=expert)
+    with pytest.raises(TurnRLError, match=r"iter-1/pairs\.jsonl: no pairs \(same_return 6\)$"):
+        eto.run_iteration(cfg, tmp_path / "run", 1, "sft", expert)
+
+
 def test_cli_pairs_takeover_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``turnrl pairs --mode takeover --takeovers F`` writes the pairs takeover_pairs builds; without
     ``--takeovers`` it is a one-line error."""

@@ -266,6 +266,22 @@ def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
     assert P.trajectory_pairs(experts, bad, losers="clean", stats=stats) == []
     assert stats["dropped_repeated_action"] == 1 and stats["dropped_invalid_action"] == 1
     assert len(P.trajectory_pairs(experts, bad, losers="noisy")) == 2
+    # clean drops degenerate explorations, never the expert's game: here the agent won and the expert,
+    # who played one cell three times (as a bandit's UCB plays its best arm), lost
+    stats = {}
+    beaten = [_traj("a", ["5", "5", "5"], 0.0, source="expert")]
+    assert len(P.trajectory_pairs(beaten, [_traj("a", ["1", "2"], 1.0)], losers="clean", stats=stats)) == 1
+
+
+def test_a_bandit_game_that_repeats_its_best_arm_is_not_degenerate() -> None:
+    """UCB's bandit games pull the best arm again and again: ``losers=clean`` dropped every one of them
+    (and every competent agent game) as a "repeated action"; elsewhere a run of one action is a loop."""
+    for env, why in (("bandit", None), ("contextual_bandit", None), ("e", "repeated action")):
+        t = replace(_traj("a", ["red", "red", "red", "red"], 3.0), env=env)
+        assert P.degenerate_reason(t) == why
+    bandit_loser = replace(_traj("a", ["red", "red", "red"], 0.5), env="bandit")
+    bandit_expert = replace(_traj("a", ["blue", "blue", "blue"], 2.0, source="expert"), env="bandit")
+    assert len(P.trajectory_pairs([bandit_expert], [bandit_loser], losers="clean")) == 1
 
 
 def test_diverge_turn_is_the_first_agent_turn_whose_context_or_reply_differs() -> None:

@@ -32,10 +32,12 @@ pairs part at turn 1 or 2, not 0; DMPO's phi(t, T) counts turns from the start, 
 the turn where a pair differs by phi(d, T), which is small for a small gamma
 (docs/methods/dmpo.md).
 
-Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`: a loser
-with an invalid action, a turn without a parseable action (but an imported trajectory's leading
+Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`: an explored
+loser with an invalid action, a turn without a parseable action (but an imported trajectory's leading
 "OK", ETO's acknowledgement of the instruction, whatever its ``source``), an action repeated
-``max_repeats`` times in a row, or gibberish text is dropped; "noisy" keeps them.
+``max_repeats`` times in a row (not on the bandits, where pulling the best arm again is the point),
+or gibberish text is dropped; "noisy" keeps them. An expert game that lost to the agent's is never
+dropped: the settings are about degenerate explorations.
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
     """Why a trajectory is degenerate (invalid / missing / repeated actions, gibberish), or None.
 
     A first reply without an action that turnrl did not sample, before an observation, is ETO's "OK"
-    acknowledgement of the instruction (:mod:`turnrl.data.eto`), not a missing action."""
+    acknowledgement of the instruction (:mod:`turnrl.data.eto`), not a missing action. On the bandits
+    (:data:`REPEATING_ENVS`) a repeated action is play, not a loop: UCB's games repeat the best arm."""
+    repeats_count = traj.env not in REPEATING_ENVS
     run, last = 0, None
     replies = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
     for i in replies:
@@ -113,9 +117,14 @@ def degenerate_reason(traj: Trajectory, *, max_repeats: int = 3) -> str | None:
             return "gibberish"
         run = run + 1 if m.action == last else 1
         last = m.action
-        if run >= max_repeats:
+        if repeats_count and run >= max_repeats:
             return "repeated action"
     return None
+
+
+#: Envs whose good play repeats an action (a bandit's best arm), so that a run of one action is no sign
+#: of a degenerate trajectory
+REPEATING_ENVS = frozenset({"bandit", "contextual_bandit"})
 
 
 def _gibberish(text: str) -> bool:
@@ -163,7 +172,7 @@ def _one_env(*groups: Iterable[Trajectory]) -> None:
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
-    if losers == "noisy":
+    if losers == "noisy" or loser.source == "expert":  # clean drops degenerate explorations, not the expert's
         return True
     why = degenerate_reason(loser)
     if why is not None:

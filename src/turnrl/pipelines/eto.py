@@ -533,9 +533,8 @@ def run_iteration(cfg: EtoConfig, out: str | Path, i: int, model: str, expert: P
         stats = run_stage(it / "pairs.jsonl", lambda p: build_pairs(cfg, experts, trajs, p, takeovers), log=log,
                           name=f"iter-{i}/pairs")
         if not read_pairs(it / "pairs.jsonl"):
-            why = "no takeover returned more than its game" if cfg.pairs == "takeover" else \
-                "every explored return equals the expert's"
-            raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs ({why}?)")
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(stats.items()) if k != "pairs" and isinstance(v, int) and v)
+            raise TurnRLError(f"{it / 'pairs.jsonl'}: no pairs" + (f" ({counts})" if counts else ""))
         new = run_stage(it / "train", lambda p: train_pairs(cfg, model, it / "pairs.jsonl", p, i), log=log,
                         name=f"iter-{i}/train")
     name = label or f"{'self-play' if cfg.self_play else cfg.loss}-iter{i}"
