@@ -205,6 +205,29 @@ def test_a_killed_worker_reports_its_exit_code_and_the_episode_then_ends() -> No
         env.close()
 
 
+def test_a_call_interrupted_while_it_waits_leaves_no_reply_for_the_next_one() -> None:
+    """Ctrl-C during a step left the worker's reply in the pipe: the next reset read the step's reply
+    (too many values to unpack) and every later call its predecessor's. The worker now goes, as a dead
+    one does: the episode is over, and the next reset starts a fresh worker."""
+    env = ProcessEnv(factory=slow_counter, env_opts={"delay": 0.5}, timeout=20, start_method="fork")
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        env.reset(options={"task_id": "seen-1"})
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # mid-step: the worker sleeps 0.5 s before it answers
+        with pytest.raises(KeyboardInterrupt):
+            env.step("+1")
+        assert env.reset(options={"task_id": "seen-7"}) == ("at 0", {"task_id": "seen-7", "valid_actions": ["+1"]})
+        assert env.step("+1")[0] == "at 1" and env.step("+1")[0] == "at 2" and env.restarts == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        env.close()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not scienceworld_available(), reason="needs the scienceworld package and Java")
 def test_scienceworld_in_worker_processes(tmp_path: Path) -> None:

@@ -283,10 +283,17 @@ class _Worker(_WorkerBase):
                 self.kill()
                 raise WorkerFailure(f"{what} timed out after {timeout:g} s")
             return self.conn.recv()
+        except WorkerFailure:
+            raise
         except (EOFError, OSError, ConnectionError) as e:
             self.kill()  # joins the process: its exit code is known after this, not before
             code = self.proc.exitcode if self.proc is not None else None
             raise WorkerFailure(f"the worker process died during {what} (exit code {code})") from e
+        except BaseException:
+            # interrupted while waiting (Ctrl-C): the reply may still come, and the next request would read
+            # it as its own; the worker goes, as a dead one does (its episodes fail, a reset starts afresh)
+            self.kill()
+            raise
 
     def lost(self, op: str) -> str:
         if self.alive():  # a live worker of another generation: an env sharing it restarted it
@@ -302,6 +309,9 @@ class _Worker(_WorkerBase):
         except (OSError, ConnectionError) as e:
             self.kill()
             raise WorkerFailure(f"the worker process died before {op}") from e
+        except BaseException:  # interrupted mid-send: the worker may hold half a request
+            self.kill()
+            raise
         return self.receive(timeout, op)
 
     def kill(self) -> None:
