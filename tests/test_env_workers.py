@@ -205,6 +205,33 @@ def test_a_killed_worker_reports_its_exit_code_and_the_episode_then_ends() -> No
         env.close()
 
 
+def test_closing_an_env_whose_worker_a_hung_call_holds_stops_the_worker() -> None:
+    """After Ctrl-C, closing the collection waited for the lock a hung env's step held, for up to its
+    timeout (600 s by default), with the worker alive; now close stops the worker after RELEASE_WAIT,
+    and the hung step ends its episode as an env error."""
+    import threading
+
+    from turnrl.envs import workers
+
+    env = ProcessEnv(factory=slow_counter, env_opts={"delay": 0.0}, timeout=600, start_method="fork")
+    env.reset(options={"task_id": "seen-0"})
+    pid = env.worker_pid or 0
+    os.kill(pid, signal.SIGSTOP)  # hung
+    result: list[Any] = []
+    stepping = threading.Thread(target=lambda: result.append(env.step("+1")), daemon=True)
+    stepping.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    env.close()
+    closed = time.monotonic() - t0
+    stepping.join(timeout=10)
+    assert not stepping.is_alive() and closed < workers.RELEASE_WAIT + 5  # not the 600 s timeout
+    _, _, term, trunc, info = result[0]
+    assert trunc and not term and info["outcome"] == "env_error" and "died" in info["error"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker is gone
+
+
 def test_a_call_interrupted_while_it_waits_leaves_no_reply_for_the_next_one() -> None:
     """Ctrl-C during a step left the worker's reply in the pipe: the next reset read the step's reply
     (too many values to unpack) and every later call its predecessor's. The worker now goes, as a dead

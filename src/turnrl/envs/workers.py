@@ -49,6 +49,10 @@ from typing import Any
 from turnrl.envs.base import ExpertStep, TextEnv
 from turnrl.errors import TurnRLError
 
+#: How long closing an env waits for its worker while another thread's call holds it, before it stops
+#: the worker (that call is waiting on a hung env: see :meth:`_WorkerBase.release`)
+RELEASE_WAIT = 5.0
+
 
 class WorkerFailure(Exception):
     """The worker process died or did not answer in time."""
@@ -198,6 +202,11 @@ class _WorkerBase:
     def kill(self) -> None:
         raise NotImplementedError
 
+    def interrupt(self) -> None:
+        """Stop the worker from another thread than the one whose call holds its lock (a call waiting
+        on a hung env): that call then fails as after a crash. The default stops nothing (the caller
+        waits for the lock as before)."""
+
     def pid(self) -> int | None:
         return None
 
@@ -227,8 +236,13 @@ class _WorkerBase:
         return payload
 
     def release(self, proxy: ProcessEnv) -> None:
-        """``proxy`` is done: close its env; the last user stops the worker."""
-        with self.lock:
+        """``proxy`` is done: close its env; the last user stops the worker. Where another thread's call
+        holds the worker past :data:`RELEASE_WAIT` s (an env hung, for up to ``timeout``: a Ctrl-C or an
+        error elsewhere is closing the collection), the worker is stopped instead of waited for."""
+        if not self.lock.acquire(timeout=RELEASE_WAIT):
+            self.interrupt()
+            self.lock.acquire()
+        try:
             self.users -= 1
             if self.ready() and proxy._generation == self.generation:
                 try:
@@ -237,6 +251,8 @@ class _WorkerBase:
                     pass
             if self.users <= 0:
                 self.kill()
+        finally:
+            self.lock.release()
 
 
 class _Worker(_WorkerBase):
@@ -313,6 +329,11 @@ class _Worker(_WorkerBase):
             self.kill()
             raise
         return self.receive(timeout, op)
+
+    def interrupt(self) -> None:
+        proc = self.proc  # the pipe is the waiting call's: it sees the end of it and cleans up
+        if proc is not None and proc.is_alive():
+            proc.kill()
 
     def kill(self) -> None:
         if self.conn is not None:
