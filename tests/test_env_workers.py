@@ -205,10 +205,12 @@ def test_a_killed_worker_reports_its_exit_code_and_the_episode_then_ends() -> No
         env.close()
 
 
-def test_closing_an_env_whose_worker_a_hung_call_holds_stops_the_worker() -> None:
-    """After Ctrl-C, closing the collection waited for the lock a hung env's step held, for up to its
-    timeout (600 s by default), with the worker alive; now close stops the worker after RELEASE_WAIT,
-    and the hung step ends its episode as an env error."""
+@pytest.mark.parametrize("op", ["step", "reset"])
+def test_closing_an_env_whose_worker_a_hung_call_holds_stops_the_worker(op: str) -> None:
+    """After Ctrl-C, closing the collection waited for the lock a hung env's call held, for up to its
+    timeout (600 s by default), with the worker alive; now close stops the worker after RELEASE_WAIT.
+    A hung step ends its episode as an env error; a hung reset, which is retried in a fresh worker,
+    gets none (the retry hung again, for another timeout) and fails."""
     import threading
 
     from turnrl.envs import workers
@@ -218,16 +220,26 @@ def test_closing_an_env_whose_worker_a_hung_call_holds_stops_the_worker() -> Non
     pid = env.worker_pid or 0
     os.kill(pid, signal.SIGSTOP)  # hung
     result: list[Any] = []
-    stepping = threading.Thread(target=lambda: result.append(env.step("+1")), daemon=True)
-    stepping.start()
+
+    def call() -> None:
+        try:
+            result.append(env.step("+1") if op == "step" else env.reset(options={"task_id": "seen-1"}))
+        except TurnRLError as e:
+            result.append(e)
+
+    calling = threading.Thread(target=call, daemon=True)
+    calling.start()
     time.sleep(0.2)
     t0 = time.monotonic()
     env.close()
     closed = time.monotonic() - t0
-    stepping.join(timeout=10)
-    assert not stepping.is_alive() and closed < workers.RELEASE_WAIT + 5  # not the 600 s timeout
-    _, _, term, trunc, info = result[0]
-    assert trunc and not term and info["outcome"] == "env_error" and "died" in info["error"]
+    calling.join(timeout=10)
+    assert not calling.is_alive() and closed < workers.RELEASE_WAIT + 5  # not the 600 s timeout
+    if op == "step":
+        _, _, term, trunc, info = result[0]
+        assert trunc and not term and info["outcome"] == "env_error" and "died" in info["error"]
+    else:
+        assert isinstance(result[0], TurnRLError) and "the env is being closed" in str(result[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the worker is gone
 

@@ -189,14 +189,15 @@ def test_stage_lock_of_a_reused_pid_is_taken_over_and_a_live_holder_is_waited_fo
     import subprocess
     import threading
 
-    from turnrl.pipelines.iterative import _started, stage_lock
+    from turnrl.pipelines.iterative import _holder, _started, stage_lock
 
     out, said = tmp_path / "stage", []
     lock = out.with_name("stage.lock")
     other = subprocess.Popen(["sleep", "60"])
     try:
         for started, waits in ((f"{_started(other.pid)}-before", False), (_started(other.pid), True)):
-            lock.write_text(f"{other.pid} {started}")
+            lock.write_text(str(other.pid))  # the bare pid, as code of before 30 Nov 2026 reads it too
+            lock.with_name("stage.lock.start").write_text(f"{other.pid} {started}")
             os.utime(lock, (0, 0))  # written long ago
             taken = threading.Event()
 
@@ -212,7 +213,15 @@ def test_stage_lock_of_a_reused_pid_is_taken_over_and_a_live_holder_is_waited_fo
         other.kill()
         other.wait()
         t.join(timeout=10)  # the holder died: its lock is taken over
-        assert taken.is_set() and not lock.exists()
+        assert taken.is_set() and not lock.exists() and not lock.with_name("stage.lock.start").exists()
+        # a lock held now reads as older code reads it (a bare pid), and a start file left by another
+        # holder does not count for it
+        with stage_lock(out, poll=0.01):
+            assert int(lock.read_text()) == os.getpid()
+            assert lock.with_name("stage.lock.start").read_text() == f"{os.getpid()} {_started(os.getpid())}"
+        lock.write_text(str(other.pid))
+        lock.with_name("stage.lock.start").write_text(f"{os.getpid()} some-start")
+        assert _holder(lock) == (other.pid, "")
     finally:
         other.kill()
 

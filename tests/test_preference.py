@@ -269,8 +269,9 @@ def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
     # clean drops degenerate explorations, never the expert's game: here the agent won and the expert,
     # who played one cell three times (as a bandit's UCB plays its best arm), lost
     stats = {}
-    beaten = [_traj("a", ["5", "5", "5"], 0.0, source="expert")]
-    assert len(P.trajectory_pairs(beaten, [_traj("a", ["1", "2"], 1.0)], losers="clean", stats=stats)) == 1
+    for source in ("expert", "import"):  # `turnrl data import-eto` writes ETO's demos as "import"
+        beaten = [_traj("a", ["5", "5", "5"], 0.0, source=source)]
+        assert len(P.trajectory_pairs(beaten, [_traj("a", ["1", "2"], 1.0)], losers="clean", stats=stats)) == 1
 
 
 def test_a_bandit_game_that_repeats_its_best_arm_is_not_degenerate() -> None:

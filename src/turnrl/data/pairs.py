@@ -36,8 +36,8 @@ Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`:
 loser with an invalid action, a turn without a parseable action (but an imported trajectory's leading
 "OK", ETO's acknowledgement of the instruction, whatever its ``source``), an action repeated
 ``max_repeats`` times in a row (not on the bandits, where pulling the best arm again is the point),
-or gibberish text is dropped; "noisy" keeps them. An expert game that lost to the agent's is never
-dropped: the settings are about degenerate explorations.
+or gibberish text is dropped; "noisy" keeps them. A demo that lost to the agent's game (an expert's
+or an imported one) is never dropped: the settings are about degenerate explorations.
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ def _one_env(*groups: Iterable[Trajectory]) -> None:
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
-    if losers == "noisy" or loser.source == "expert":  # clean drops degenerate explorations, not the expert's
-        return True
+    if losers == "noisy" or loser.source != "policy":  # clean drops degenerate explorations, not demos (expert,
+        return True                                    # imported)
     why = degenerate_reason(loser)
     if why is not None:
         stats[f"dropped_{why.replace(' ', '_')}"] = stats.get(f"dropped_{why.replace(' ', '_')}", 0) + 1

@@ -178,6 +178,9 @@ class _WorkerBase:
         self.env_name, self.env_opts, self.factory = env_name, env_opts, factory
         self.timeout, self.start_timeout = timeout, start_timeout
         self.lock = threading.RLock()
+        #: set by :meth:`release` when it stops a worker a hung call held: no fresh one is started after
+        #: it (a hung reset's retry would hang again, for another ``timeout``)
+        self.closing = False
         self.generation = 0
         self.restarts = 0
         self.users = 0
@@ -218,6 +221,8 @@ class _WorkerBase:
             if op in ("step", "expert") and not (self.ready() and proxy._generation == self.generation):
                 # mid-episode: a fresh worker would not hold the episode, so this one fails
                 raise WorkerFailure(self.lost(op))
+            if self.closing and not self.ready():
+                raise WorkerFailure(f"the env is being closed, so no worker is started for {op}")
             self.ensure()
             if proxy._generation != self.generation:
                 proxy._generation = 0
@@ -240,6 +245,7 @@ class _WorkerBase:
         holds the worker past :data:`RELEASE_WAIT` s (an env hung, for up to ``timeout``: a Ctrl-C or an
         error elsewhere is closing the collection), the worker is stopped instead of waited for."""
         if not self.lock.acquire(timeout=RELEASE_WAIT):
+            self.closing = True
             self.interrupt()
             self.lock.acquire()
         try:

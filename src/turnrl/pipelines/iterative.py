@@ -259,17 +259,28 @@ def _started(pid: int) -> str:
 
 
 def _holder(lock: Path) -> tuple[int, str]:
-    """The pid and start (:func:`_started`) a lock file names; ``(0, "")`` if unreadable."""
+    """The pid a lock file names and the start (:func:`_started`) that its ``.start`` file beside it
+    records for that pid; ``0`` and ``""`` where unreadable. The lock file holds the bare pid, as code of before
+    30 Nov 2026 writes and reads it, so that a run of that code beside one of this reads a live lock
+    as held."""
     try:
-        pid, _, started = lock.read_text().strip().partition(" ")
-        return int(pid or 0), started
+        pid = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):
-        return 0, ""
+        pid = 0
+    try:
+        of, _, started = _start_file(lock).read_text().strip().partition(" ")
+    except OSError:
+        return pid, ""
+    return pid, started if of == str(pid) else ""  # another holder's (a dead one's, left by older code)
+
+
+def _start_file(lock: Path) -> Path:
+    return lock.with_name(lock.name + ".start")
 
 
 def _holds(pid: int, started: str) -> bool:
-    """Whether the process a lock names still runs: its pid, and where the lock recorded a start, the
-    same start (a pid reused by another process after the holder died is not the holder)."""
+    """Whether the process a lock names still runs: its pid, and where a start is recorded, the same
+    start (a pid reused by another process after the holder died is not the holder)."""
     if not pid or pid == os.getpid() or not _alive(pid):  # our own pid: a killed run's, reused
         return False
     return not started or _started(pid) in ("", started)
@@ -277,9 +288,13 @@ def _holds(pid: int, started: str) -> bool:
 
 @contextlib.contextmanager
 def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold ``<output>.lock`` (created exclusively, holding our pid and start time); wait while a
-    live process holds it, take over a dead one's. Lets several processes share one pipeline
-    directory. ``log`` is told once when the wait begins, with the holder's pid."""
+    """Hold ``<output>.lock`` (created exclusively, holding our pid; our start time in
+    ``<output>.lock.start``); wait while a live process holds it, take over a dead one's. Lets
+    several processes share one pipeline directory. ``log`` is told once when the wait begins, with
+    the holder's pid.
+
+    The start file is written just after the lock: a reader between the two sees no start or a dead
+    holder's, and waits, since a lock younger than ``2 * poll`` is never taken over."""
     lock = output.with_name(output.name + ".lock")
     told = False
     while True:
@@ -299,13 +314,16 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
                 time.sleep(poll)
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {_started(os.getpid())}".strip())
+            f.write(str(os.getpid()))
+        with contextlib.suppress(OSError):  # without it, a reader judges the lock by its pid alone
+            _start_file(lock).write_text(f"{os.getpid()} {_started(os.getpid())}")
         break
     try:
         yield
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
+        for path in (_start_file(lock), lock):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def _mtime(path: Path) -> float:
