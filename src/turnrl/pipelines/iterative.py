@@ -260,9 +260,9 @@ def _started(pid: int) -> str:
 
 def _holder(lock: Path) -> tuple[int, str]:
     """The pid a lock file names and the start (:func:`_started`) that its ``.start`` file beside it
-    records for that pid; ``0`` and ``""`` where unreadable. The lock file holds the bare pid, as code of before
-    30 Nov 2026 writes and reads it, so that a run of that code beside one of this reads a live lock
-    as held."""
+    records for that pid; ``0`` and ``""`` where unreadable. The lock file holds the bare pid, as code
+    of before 30 Nov 2026 writes and reads it, so that a run of that code beside one of this reads a
+    live lock as held."""
     try:
         pid = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):

@@ -709,11 +709,11 @@ class Trainer:
         # in its final save has its metrics file, which training opens before its first step)
         ours = resume and ((self.out_dir / SUMMARY).exists() or (self.out_dir / METRICS).exists())
         if ckpt is None and not ours:
+            beside = f"no checkpoint, {SUMMARY} or {METRICS}" if resume else f"no checkpoint or {SUMMARY}"
             for name in ("model", "adapter"):
                 if (self.out_dir / name).exists():
-                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output (no checkpoint, "
-                                      f"{SUMMARY} or {METRICS} beside it); the final save would replace it: choose "
-                                      "another --out")
+                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output ({beside} beside it); "
+                                      "the final save would replace it: choose another --out")
         if not resume or ckpt is None:
             return
         state = json.loads((ckpt / TRAINER_STATE).read_text())
