@@ -20,7 +20,7 @@ from dataclasses import dataclass
 _REACT = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE)
 #: ``ACTION=X`` where the env lists its actions: X is one word (or ``search[...]``), so that
 #: "ACTION=blue, the best so far" acts on blue. Upper case only, unlike ``Action:``: the bandits'
-#: history lines read ``Step=3 Action=blue Reward=0.5``, and a reply that quotes one acts on it not
+#: history lines read ``Step=3 Action=blue Reward=0.5``, and a reply that quotes one must not act on it
 _RLFT_WORD = re.compile(r"ACTION[ \t]*=[ \t]*([^\s,.;\[]+(?:\[[^\]]*\])?)")
 #: ... and where it cannot (free-text commands such as ScienceWorld's), a ``word[...]`` command or
 #: else the rest of the line, as after ``Action:``: "ACTION=go to shelf 1" is not "go"

@@ -172,8 +172,8 @@ def _one_env(*groups: Iterable[Trajectory]) -> None:
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
-    if losers == "noisy" or loser.source != "policy":  # clean drops degenerate explorations, not demos (expert,
-        return True                                    # imported)
+    if losers == "noisy" or loser.source != "policy":  # clean drops degenerate explorations, not demos
+        return True
     why = degenerate_reason(loser)
     if why is not None:
         stats[f"dropped_{why.replace(' ', '_')}"] = stats.get(f"dropped_{why.replace(' ', '_')}", 0) + 1

@@ -413,7 +413,8 @@ def best_options(p: Product, goal: Goal) -> dict[str, str]:
 @cache
 def _split_ids(dedupe: bool = True) -> dict[str, tuple[str, ...]]:
     """Goals by split: every fifth goal of the kept categories is ``seen``. A goal that makes an
-    earlier goal's request (goals 54 and 66, two products for one request; 61 and 67) joins that goal's split; ``dedupe=False`` gives the lists of
+    earlier goal's request (goals 54 and 66, two products for one request; 61 and 67) joins that
+    goal's split; ``dedupe=False`` gives the lists of
     before that rule, which only the tiny model's corpus reads (its tokenizer was trained on them)."""
     cat = catalogue()
     train: list[str] = []

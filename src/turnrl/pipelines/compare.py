@@ -457,8 +457,7 @@ def _versus(r: Record, base: Record) -> str:
                   f"({_side(d)}; {d['up']} up, {d['down']} down)")
     g = r.get("vs_sft_by_game") if base["method"] == "sft" else None
     if g is not None and g["games"] >= 2:
-        of = f", {g['seeds']} of {r['seeds']} seeds" if g["seeds"] < r["seeds"] else ""
-        paired += (f"; by game {g['mean']:+.3f} {_ci(g, n='games')} over {g['games']} games{of} "
+        paired += (f"; by game {g['mean']:+.3f} {_ci(g, n='games')} over {g['games']} games{_fewer(g, r)} "
                    f"({_side(g)}; {g['up']} up, {g['down']} down)")
     if not overlap(tuple(r["ci95"]), tuple(base["ci95"])):
         side = "above" if r["avg_reward"] > base["avg_reward"] else "below"
@@ -527,11 +526,10 @@ def _ci(r: Record, key: str = "ci95", n: str = "seeds") -> str:
     return f"[{r[key][0]:.3f}, {r[key][1]:.3f}]"
 
 
-def _by_game(g: Record, seeds: int) -> str:
-    """A by-game difference with its CI across games, naming its seeds where it has fewer than the row
-    (a seed whose records lack the games' returns is left out of it)."""
-    fewer = f", {g['seeds']} of {seeds} seeds" if g["seeds"] < seeds else ""
-    return f"{g['mean']:+.3f} {_ci(g, n='games')}{fewer}"
+def _fewer(g: Record, row: Record) -> str:
+    """``, 2 of 3 seeds`` where a by-game difference rests on fewer seeds than its row (a seed whose
+    records lack the games' returns is left out of it), else nothing."""
+    return f", {g['seeds']} of {row['seeds']} seeds" if g["seeds"] < row["seeds"] else ""
 
 
 ITERATIVE = ("eto", "sppo", "sppo_dpo")
@@ -591,7 +589,7 @@ def report(cfg: CompareConfig, rows: list[Record], records: list[Record], plots:
         lt = "" if r.get("loser_turns") is None else f"{r['loser_turns']:.2f}"
         d, g = r.get("vs_sft"), r.get("vs_sft_by_game")
         paired = "" if d is None else f"{d['mean']:+.3f} {_ci(d)}"
-        paired += " | " + ("" if g is None else _by_game(g, r["seeds"]))
+        paired += " | " + ("" if g is None else f"{g['mean']:+.3f} {_ci(g, n='games')}{_fewer(g, r)}")
         lines.append(f"| {r['method']} | {r['split']} | {r['seeds']} | {r['avg_reward']:.3f} | {_ci(r)} | {paired} | "
                      f"{r['success_rate']:.3f} | {_ci(r, 'success_ci95')} | "
                      f"{r['invalid_action_rate']:.3f} | {lt} |")

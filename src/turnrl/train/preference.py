@@ -414,15 +414,13 @@ def units_hash(units: Sequence[Unit]) -> str:
     return h.hexdigest()[:24]
 
 
-def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig, tokens_hash: str = "") -> Path:
+def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig, tokens_hash: str) -> Path:
     """``$TURNRL_HOME/ref_logps/<key>.pt``, the key hashing the reference's fingerprint, the data
-    file's hash, the units' tokens (:func:`units_hash`) and the precision the reference runs in."""
+    file's hash, the units' tokens (:func:`units_hash`: every setting that shapes them, ``history``,
+    ``max_length`` and the loss's kind of unit among them) and the precision the reference runs in."""
     from turnrl.models.loading import training_dtype, turnrl_home
 
-    key_settings: dict[str, Any] = {"max_length": cfg.max_length, "loss_kind": cfg.loss == "sppo",
-                                    "mp": cfg.mixed_precision, "tokens": tokens_hash}
-    if cfg.history is not None:
-        key_settings["history"] = cfg.history
+    key_settings: dict[str, Any] = {"mp": cfg.mixed_precision, "tokens": tokens_hash}
     if cfg.mixed_precision != "no":  # the dtype the reference loads in, run under autocast
         key_settings["weights"] = training_dtype(cfg.mixed_precision, cfg.lora is not None)
     settings = json.dumps(key_settings, sort_keys=True)
