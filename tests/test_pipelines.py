@@ -226,6 +226,79 @@ def test_stage_lock_of_a_reused_pid_is_taken_over_and_a_live_holder_is_waited_fo
         other.kill()
 
 
+def _hold_stage(out: str, log: str, go: Any) -> None:
+    import time
+
+    from turnrl.pipelines.iterative import stage_lock
+
+    go.wait()
+    with stage_lock(Path(out), poll=0.001):
+        start = time.time()
+        time.sleep(0.02)
+        with open(log, "a") as f:
+            f.write(f"{start} {time.time()}\n")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks processes that share a lock")
+def test_stage_lock_of_a_dead_holder_is_taken_by_one_waiter(tmp_path: Path) -> None:
+    """Eight processes find a dead holder's lock at once: one takes it at a time. Before, each that
+    found it dead deleted the file, and a slower one deleted a faster one's fresh lock (24 overlaps
+    in 10 rounds of 8)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    out, spans = tmp_path / "stage", []
+    for r in range(4):
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        lock = tmp_path / "stage.lock"
+        lock.write_text(str(dead.pid))
+        os.utime(lock, (0, 0))
+        log, go = tmp_path / f"log{r}", ctx.Event()
+        procs = [ctx.Process(target=_hold_stage, args=(str(out), str(log), go)) for _ in range(8)]
+        for proc in procs:
+            proc.start()
+        go.set()
+        for proc in procs:
+            proc.join(timeout=60)
+        assert [proc.exitcode for proc in procs] == [0] * 8
+        held = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+        assert len(held) == 8 and not lock.exists()
+        spans += [(a, b) for a, b in zip(held, held[1:], strict=False) if b[0] < a[1]]
+    assert spans == []  # no hold began before the one before it ended
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="a zombie is told from /proc")
+def test_stage_lock_of_a_zombie_is_taken_over(tmp_path: Path) -> None:
+    """A holder that died but that its parent has not reaped yet (a zombie) still has a pid; it
+    does not hold the lock."""
+    import threading
+    import time
+
+    from turnrl.pipelines.iterative import stage_lock
+
+    out = tmp_path / "stage"
+    zombie = subprocess.Popen(["true"])
+    try:
+        for _ in range(200):  # until it has exited, not reaped
+            if Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][:1] == "Z":
+                break
+            time.sleep(0.01)
+        out.with_name("stage.lock").write_text(str(zombie.pid))
+        taken = threading.Event()
+
+        def take() -> None:
+            with stage_lock(out, poll=0.01):
+                taken.set()
+
+        t = threading.Thread(target=take, daemon=True)
+        t.start()
+        t.join(timeout=10)
+        assert taken.is_set()
+    finally:
+        zombie.wait()
+
+
 def test_iter_dir(tmp_path: Path) -> None:
     d = iter_dir(tmp_path / "run", 2)
     assert d == tmp_path / "run" / "iter-2" and d.is_dir()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import json
 import os
 import time
@@ -236,13 +237,19 @@ def iter_dir(out: str | Path, i: int) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and, where ``/proc`` tells, is not a zombie (a dead
+    process its parent has not reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return True
-    return True
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 def _started(pid: int) -> str:
@@ -288,42 +295,74 @@ def _holds(pid: int, started: str) -> bool:
 
 @contextlib.contextmanager
 def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold ``<output>.lock`` (created exclusively, holding our pid; our start time in
-    ``<output>.lock.start``); wait while a live process holds it, take over a dead one's. Lets
+    """Hold ``<output>.lock``; wait while a live process holds it, take over a dead one's. Lets
     several processes share one pipeline directory. ``log`` is told once when the wait begins, with
     the holder's pid.
 
-    The start file is written just after the lock: a reader between the two sees no start or a dead
-    holder's, and waits, since a lock younger than ``2 * poll`` is never taken over."""
+    The holder keeps an exclusive ``flock`` on the lock file, which the kernel drops when the
+    holder exits however it dies, so a dead holder's lock is taken by exactly one waiter: the one
+    whose ``flock`` succeeds. (Checking the holder's pid and then deleting its file, as before,
+    let two waiters that both found it dead each delete the other's fresh lock and run the stage
+    at once.) The file's inode is checked after the ``flock``: a holder deletes the file as it
+    leaves, and a lock taken on a deleted file is tried again.
+
+    The file still holds the holder's bare pid, and ``<output>.lock.start`` its start time
+    (:func:`_started`). Code of before 30 Nov 2026 takes no ``flock``; it creates the file
+    exclusively and then writes its pid, so a file this code did not create is taken only where the
+    pid it names is not a live holder (:func:`_holds`), and an empty one only after ``2 * poll``."""
     lock = output.with_name(output.name + ".lock")
     told = False
     while True:
+        created = True
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         except FileExistsError:
-            pid, started = _holder(lock)
-            if _holds(pid, started):
-                if log is not None and not told:
-                    log(f"waiting for process {pid}, which is running this stage ({lock} names it)")
-                    told = True
-                time.sleep(poll)
-            elif time.time() - _mtime(lock) > 2 * poll:  # stale: its holder died
-                with contextlib.suppress(FileNotFoundError):
-                    lock.unlink()
-            else:
-                time.sleep(poll)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+            created = False
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except FileNotFoundError:  # its holder just left
+                continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = _same_file(fd, lock) and (created or not _held_by_older(lock, poll))
+        except BlockingIOError:  # a live holder of this code
+            taken = False
+        if taken:
+            break
+        os.close(fd)  # drops our flock, if we took it
+        pid, _ = _holder(lock)
+        if pid and log is not None and not told:
+            log(f"waiting for process {pid}, which is running this stage ({lock} names it)")
+            told = True
+        time.sleep(poll)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
         with contextlib.suppress(OSError):  # without it, a reader judges the lock by its pid alone
             _start_file(lock).write_text(f"{os.getpid()} {_started(os.getpid())}")
-        break
-    try:
         yield
     finally:
-        for path in (_start_file(lock), lock):
+        for path in (_start_file(lock), lock):  # deleted while our flock holds, then released
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (its holder may have deleted it)."""
+    try:
+        return os.path.samestat(os.fstat(fd), path.stat())
+    except FileNotFoundError:
+        return False
+
+
+def _held_by_older(lock: Path, poll: float) -> bool:
+    """Whether a lock file nobody ``flock``s is held by code of before 30 Nov 2026 (which takes no
+    ``flock``): it names a live holder, or it is empty and young (being written)."""
+    pid, started = _holder(lock)
+    if pid:
+        return _holds(pid, started)
+    return time.time() - _mtime(lock) <= 2 * poll
 
 
 def _mtime(path: Path) -> float:
