@@ -577,3 +577,16 @@ def test_compare_sppo_section_settings_no_training_reads_fail_before_any_stage()
         _check(load_config(CompareConfig, config, ["methods=[sft,eto,dmpo]", "pipeline.train.label_smoothing=0.1"]))
     _check(load_config(CompareConfig, config, ["methods=[sft,sppo_dpo]", "sppo.train.label_smoothing=0.1"]))
     _check(load_config(CompareConfig, config, ["methods=[sft,eto]", "pipeline.train.label_smoothing=0.1"]))
+
+
+def test_an_empty_instruction_is_refused_not_read_as_unset(tmp_path: Path, capsys) -> None:
+    """``instruction=`` (or ``--instruction ""``) was read as no instruction given: the env's own was
+    used, silently."""
+    out = tmp_path / "e.json"
+    code, _, err = run(["eval", "--env", "tictactoe", "--policy", "random", "--out", str(out), "--instruction", " "],
+                       capsys)
+    assert "'instruction': empty; leave it out to use the env's instruction" in one_line_error(code, err)
+    code, _, err = run(["train", "ppo", "--model", "tiny", "--env", "bandit", "--out", str(tmp_path / "p"),
+                        "instruction="], capsys)
+    assert "override 'instruction='" in one_line_error(code, err)
+    assert not out.exists() and not (tmp_path / "p").exists()

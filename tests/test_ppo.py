@@ -71,6 +71,18 @@ def test_ppo_bandit_ratio_one_and_kl_zero_at_start_then_moves(tiny_dir: Path, tm
     assert summary["run_config"]["advantage"] == "mc"
 
 
+def test_ppo_counts_turns_too_long_for_max_length_and_refuses_an_iteration_of_none(tiny_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """Later turns of an episode have the longest contexts; those that do not fit are dropped. They
+    are counted, and an iteration where none fits is an error, not a run that trains on nothing."""
+    train_ppo(str(tiny_dir), "bandit", tmp_path / "some", bandit_cfg(iterations=1, max_length=80, history=None))
+    first = metrics(tmp_path / "some")[0]
+    assert first["rollout/dropped_turns"] > 0 and first["rollout/trained_turns"] > 0
+    assert first["rollout/dropped_turns"] + first["rollout/trained_turns"] == 4 * 3  # 4 episodes of 3 turns
+    with pytest.raises(TurnRLError, match=r"none of the 12 turns the model wrote fits in max_length=40"):
+        train_ppo(str(tiny_dir), "bandit", tmp_path / "none", bandit_cfg(iterations=1, max_length=40, history=None))
+
+
 def test_ppo_group_size_plays_each_task_g_times_with_a_leave_one_out_baseline(tiny_dir: Path,
                                                                              tmp_path: Path) -> None:
     """group_size 2: two tasks a rollout, each twice in a row; an episode's advantage is its return minus
@@ -949,7 +961,8 @@ def test_ppo_resume_may_change_when_it_checkpoints(tiny_dir: Path, tmp_path: Pat
     again = train_ppo(str(tiny_dir), "bandit", tmp_path / "run",
                       cfg.model_copy(update={"save_every": 0, "keep_checkpoints": 3}), resume=True)
     assert again.steps == first.steps and again.final_loss == pytest.approx(first.final_loss)
-    with pytest.raises(TurnRLError, match="config changed"):
+    with pytest.raises(TurnRLError, match=r"config changed since this checkpoint was written \(run\.ppo\.lr: "
+                                          r"0\.001, now 0\.002; train\.lr: 0\.001, now 0\.002\)"):
         train_ppo(str(tiny_dir), "bandit", tmp_path / "run", cfg.model_copy(update={"lr": 2e-3}), resume=True)
 
 

@@ -422,3 +422,48 @@ def test_a_prefix_space_tokenizer_gets_no_space_at_piece_boundaries(metaspace_to
     for turn, msg in enumerate(m for m in MESSAGES if m.role == "assistant"):
         ids = [i for i, t in zip(enc.input_ids, enc.turn_index, strict=True) if t == turn]
         assert tok.decode(ids, skip_special_tokens=False).strip().startswith(msg.content.strip())
+
+
+DEEPSEEK_LLM = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ 'User: ' + m['content'] + '\n\n' }}"
+                "{% elif m['role'] == 'assistant' %}{{ 'Assistant: ' + m['content'] + eos_token }}"
+                "{% else %}{{ m['content'] + '\n\n' }}{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["deepseek_llm", "none"])
+def test_a_byte_level_tokenizer_reads_the_space_before_a_reply_with_the_reply(template: str) -> None:
+    """A GPT-2-style tokenizer writes a space into the next word's token (``ĠThought``). Under a
+    template that writes ``"Assistant: "`` before the reply (DeepSeek-LLM; the fallback for base models
+    writes ``"Agent: "``), the prompt must end at the colon, not in a lone space token, and the reply
+    start with ``ĠThought``, as the template's own tokenizing of the whole text has it. A sampled reply
+    (which then starts with the space) is trained as sampled."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [m.content for m in MESSAGES] * 20 + ["Assistant: Thought: Agent: Thought: User: "] * 20
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    tok.chat_template = DEEPSEEK_LLM if template == "deepseek_llm" else None
+    assert "ĠThought" in tok.get_vocab()
+    chat = ChatFormat(tok)
+    assert chat.reply_lead == " "
+    prompt = chat.prompt_ids(MESSAGES[:2])
+    assert tok.convert_ids_to_tokens(prompt)[-1] == ":"
+    assert tok.decode(prompt).endswith("Assistant:" if template == "deepseek_llm" else "Agent:")
+    rendered = chat._apply([{"role": m.role, "content": m.content} for m in MESSAGES], False)
+    enc = chat.encode(MESSAGES)
+    assert enc is not None and enc.input_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    # a reply sampled after that prompt starts with the space; its content does not
+    sampled = chat.tokenize_text(" " + MESSAGES[2].content) + [tok.eos_token_id]
+    assert tok.convert_ids_to_tokens(sampled)[0] == "ĠThought"
+    content = chat.reply_text(sampled, finished=True)
+    assert content == MESSAGES[2].content
+    convo = [*MESSAGES[:2], Message("assistant", content, token_ids=sampled)]
+    enc = chat.encode(convo)
+    assert enc is not None and enc.reencoded_turns == 0
+    assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled
+    assert enc.input_ids[: len(prompt) + len(sampled)] == prompt + sampled  # (the fallback adds a newline)

@@ -239,7 +239,8 @@ def test_run_dir_guards(tmp_path: Path) -> None:
     assert (tmp_path / "summary.json").is_file() and res.steps == 3
     with pytest.raises(TurnRLError, match="already holds a run; pass --resume"):
         run(tmp_path, cfg)
-    with pytest.raises(TurnRLError, match="config changed"):
+    with pytest.raises(TurnRLError, match=r"config changed since this checkpoint was written \(train\.lr: [-0-9.e]+, "
+                                          r"now 0\.005\); resume with the same config"):  # names the setting
         run(tmp_path, base_cfg(max_steps=3, lr=5e-3), resume=True)
     # resuming a finished run with the same config does nothing and reports the same result
     mtime = (tmp_path / "summary.json").stat().st_mtime_ns

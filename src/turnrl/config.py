@@ -72,6 +72,10 @@ class Config(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and _bool_for_a_number(field.annotation, v):
             raise ValueError("must be a number, not a boolean")
+        if info.field_name == "instruction" and isinstance(v, str) and not v.strip():
+            # an unset instruction is the env's own: an empty one given (``instruction=``) would
+            # silently be read as unset
+            raise ValueError("empty; leave it out to use the env's instruction")
         return v
 
     @field_validator("*")

@@ -119,6 +119,11 @@ class ChatFormat:
         #: :meth:`encode` refuses such a sequence instead of training on the wrong context.
         self.prefix_consistent = True
         self._probe_system()
+        #: whether the spaces a template puts before an agent turn go with the turn (:meth:`_pieces`), and
+        #: those spaces (:meth:`reply_text` takes them off a decoded reply)
+        self._move_lead = self._anchor is not None
+        self.reply_lead = ""
+        self._probe_lead()
         eot = self._probe_end_of_turn()
         #: the end-of-turn marker that follows agent turns in rendered text ('' if none)
         self.eot_text = eot
@@ -172,6 +177,34 @@ class ChatFormat:
             self._fold_system = True
             self._probe_system()
             return
+
+    def _probe_lead(self) -> None:
+        """Move the spaces a template puts before an agent turn into the turn where that is how the
+        tokenizer reads the whole text: a prefix-space tokenizer (:attr:`_anchor`), or a byte-level
+        one that writes a space into the next word's token (GPT-2's ``ĠThought``) under a template
+        that writes ``"Assistant: "`` before the reply (DeepSeek-LLM, Vicuna, the fallback for base
+        models). Tokenized with the context, those spaces would end every prompt in a lone space
+        token, and the reply would start with ``Th``, ``ought``: not what the model read in
+        pretraining, nor what the template's own tokenizing gives."""
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                 {"role": "assistant", "content": "Thought: I take the center. Action: 4"}]
+        segs = self.segments(probe)
+        k = next(i for i, seg in enumerate(segs) if seg.turn >= 0)
+        before = segs[k - 1].text if k else ""
+        if len(before) == len(before.rstrip(" ")):
+            return
+        if not self._move_lead:
+            through = segs[: k + 1]
+
+            def ids(move: bool) -> list[int]:
+                self._move_lead = move
+                return [i for _, piece, _ in self._pieces(through, probe) for i in piece]
+
+            whole = self._first_piece("".join(seg.text for seg in segs))
+            moved, kept = ids(True), ids(False)
+            self._move_lead = moved == whole[: len(moved)] and kept != whole[: len(kept)]
+        if self._move_lead:
+            self.reply_lead = before[len(before.rstrip(" ")):]
 
     def _probe_prefix(self) -> bool:
         """Whether each turn's sampling prompt (:meth:`prompt_ids`) is what precedes that turn
@@ -283,11 +316,21 @@ class ChatFormat:
                     return tok
         return None
 
+    def reply_text(self, token_ids: Sequence[int], finished: bool) -> str:
+        """The content of a sampled reply: its tokens less the stop token that ended it (where it
+        ``finished``), decoded, less the spaces the template writes before an agent turn
+        (:attr:`reply_lead`), which the model wrote itself where they go with the turn."""
+        body = list(token_ids)
+        if finished and body and body[-1] in self.stop_token_ids:
+            body = body[:-1]
+        text = str(self.tokenizer.decode(body, skip_special_tokens=False))
+        return text[len(self.reply_lead):] if self.reply_lead and text.startswith(self.reply_lead) else text
+
     def agent_ids(self, content: str, eot: str, sampled: Sequence[int] | None, *,
                   lead: str = "") -> tuple[list[int], bool]:
         """Token ids of an agent turn: the sampled ids when they are faithful, else the
-        re-encoded text (after ``lead``, the template's spaces before the turn that a prefix-space
-        tokenizer writes into the turn's first token). Returns ``(ids, reencoded)``."""
+        re-encoded text (after ``lead``, the template's spaces before the turn, which the tokenizer
+        writes into the turn's first token: :meth:`_probe_lead`). Returns ``(ids, reencoded)``."""
         eot_ids = self.tokenize_text(eot) if eot else []
         texts = (content, lead + content) if lead else (content,)
         if sampled:
@@ -398,9 +441,9 @@ class ChatFormat:
         for k, seg in enumerate(segs):
             if seg.turn < 0:
                 text, lead = seg.text, ""
-                if self._anchor is not None and k + 1 < len(segs) and segs[k + 1].turn >= 0:
-                    # a prefix-space tokenizer writes the space before a word into the word's token
-                    # ("▁Thought"): the spaces a template puts before an agent turn go with the turn, so
+                if self._move_lead and k + 1 < len(segs) and segs[k + 1].turn >= 0:
+                    # the tokenizer writes the space before a word into the word's token ("▁Thought",
+                    # "ĠThought"): the spaces a template puts before an agent turn go with the turn, so
                     # the prompt ends where the model's reply starts, as in the template's own tokenizing
                     text = seg.text.rstrip(" ")
                     lead = seg.text[len(text):]

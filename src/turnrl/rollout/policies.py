@@ -132,13 +132,8 @@ class ModelPolicy:
 
     def act(self, requests: Sequence[Request]) -> list[Reply]:
         gens = self.engine.generate(self.prompts(requests), self.sampling, seeds=self.seeds(requests))
-        stops = set(self.chat.stop_token_ids)
-        out = []
-        for g in gens:
-            body = g.token_ids[:-1] if g.finished and g.token_ids and g.token_ids[-1] in stops else g.token_ids
-            text = self.chat.tokenizer.decode(body, skip_special_tokens=False)
-            out.append(Reply(text, list(g.token_ids), list(g.logprobs), {"finished": g.finished}))
-        return out
+        return [Reply(self.chat.reply_text(g.token_ids, g.finished), list(g.token_ids), list(g.logprobs),
+                      {"finished": g.finished}) for g in gens]
 
 
 def keeping_turns(policy: Any) -> AbstractContextManager[Any]:

@@ -102,6 +102,8 @@ from turnrl.train.core import (
     _make_accelerator,
     atomic_write_json,
     atomic_write_text,
+    config_changes,
+    config_facts,
     config_hash,
     has_dropout,
     quiet_tied_weight_warning,
@@ -590,8 +592,9 @@ class OnlineRun:
         # a resume may change when it checkpoints (as the trainer core's, docs/training.md)
         cadence = ("save_every", "keep_checkpoints")
         exempt = frozenset({"dropout"}) if actor_same else frozenset()
-        self.config_hash = config_hash(cfg.actor, {**self.run_config, "online": {
-            k: v for k, v in online.items() if k not in cadence}}, exempt=exempt)
+        hashed = {**self.run_config, "online": {k: v for k, v in online.items() if k not in cadence}}
+        self.config_hash = config_hash(cfg.actor, hashed, exempt=exempt)
+        self.config_facts = config_facts(cfg.actor, hashed, exempt=exempt)
         # before 28 Nov 2026 the cadence was hashed too
         self.legacy_hash = config_hash(cfg.actor, self.run_config, exempt=exempt)
         self.rng = np.random.default_rng([cfg.seed, 7])
@@ -667,14 +670,9 @@ class OnlineRun:
     def sample_actions(self, views: Sequence[list[dict[str, Any]]]) -> list[Message]:
         """``a_hat ~ pi(.|s)`` for each view, as assistant messages carrying the sampled ids."""
         gens = self.engine.generate([self.chat.prompt_ids(v) for v in views], self.cfg.sampling)
-        stops = set(self.chat.stop_token_ids)
-        out = []
-        for g in gens:
-            body = g.token_ids[:-1] if g.finished and g.token_ids and g.token_ids[-1] in stops else g.token_ids
-            text = self.tok.decode(body, skip_special_tokens=False)
-            out.append(Message("assistant", text, token_ids=list(g.token_ids), logprobs=list(g.logprobs),
-                               cut=None if g.finished else True))  # as the sampler marks a reply cut short
-        return out
+        return [Message("assistant", self.chat.reply_text(g.token_ids, g.finished), token_ids=list(g.token_ids),
+                        logprobs=list(g.logprobs), cut=None if g.finished else True)  # as the sampler marks a cut
+                for g in gens]
 
     def critic_actions(self, batch: Sequence[dict[str, Any]]) -> list[str]:
         """``a_hat`` of the V target for each transition: a reply of the acting policy -- the actor's
@@ -867,7 +865,7 @@ class OnlineRun:
         torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
         atomic_write_json(tmp / "loop_state.json", {
             "iteration": self.iteration, "env_steps": self.env_steps, "episodes": self.episodes,
-            "config_hash": self.config_hash, "np_rng": self.rng.bit_generator.state,
+            "config_hash": self.config_hash, "config": self.config_facts, "np_rng": self.rng.bit_generator.state,
             "actor_steps": self.actor_trainer.steps_done if self.actor_trainer else 0,
             "critic_steps": self.critic_trainer.steps_done if self.critic_trainer else 0,
         })
@@ -881,8 +879,9 @@ class OnlineRun:
     def load_checkpoint(self, ckpt: Path) -> None:
         state = json.loads((ckpt / "loop_state.json").read_text())
         if state.get("config_hash") not in (self.config_hash, self.legacy_hash):
-            raise TurnRLError(f"{ckpt}: the config changed since this checkpoint was written; resume with the "
-                              "same config or choose another --out")
+            raise TurnRLError(f"{ckpt}: the config changed since this checkpoint was written"
+                              f"{config_changes(state.get('config'), self.config_facts)}; resume with the same "
+                              "config or choose another --out")
         if (ckpt / "state").is_dir():
             self.accelerator.load_state(str(ckpt / "state"))
         self.replay.load(ckpt / "replay.jsonl")

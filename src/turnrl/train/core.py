@@ -89,6 +89,8 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "atomic_write_json",
+    "config_changes",
+    "config_facts",
     "config_hash",
     "latest_checkpoint",
     "list_checkpoints",
@@ -361,9 +363,47 @@ def config_hash(
     """Hash of what determines a run's result: the train config (minus save/log cadence and
     ``exempt``: settings that cannot change this run), the caller's run config (model, data,
     algorithm settings) and ``extra`` facts."""
-    train = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT | exempt}
-    blob = json.dumps({"train": train, "run": run_config or {}, **(extra or {})}, sort_keys=True, default=str)
+    blob = json.dumps(_hashed(cfg, run_config, extra, exempt), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _hashed(cfg: TrainConfig, run_config: dict[str, Any] | None, extra: dict[str, Any] | None,
+            exempt: frozenset[str]) -> dict[str, Any]:
+    train = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in _HASH_EXEMPT | exempt}
+    return {"train": train, "run": run_config or {}, **(extra or {})}
+
+
+def config_facts(
+    cfg: TrainConfig, run_config: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+    *, exempt: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """What :func:`config_hash` hashes, as JSON: a checkpoint keeps it, so that a resume with other
+    settings can be told which ones (:func:`config_changes`)."""
+    return dict(json.loads(json.dumps(_hashed(cfg, run_config, extra, exempt), default=str)))
+
+
+def config_changes(before: Any, now: dict[str, Any]) -> str:
+    """The settings that differ between two :func:`config_facts`, as ``" (train.lr: 0.001, now
+    0.0005)"``; ``""`` where ``before`` is not known (a checkpoint written before 30 Nov 2026)."""
+    if not isinstance(before, dict):
+        return ""
+
+    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    old, new = flat(before), flat(json.loads(json.dumps(now, default=str)))
+    diff = [k for k in sorted(old.keys() | new.keys()) if old.get(k, "(unset)") != new.get(k, "(unset)")]
+    if not diff:
+        return ""
+    shown = "; ".join(f"{k}: {json.dumps(old.get(k, '(unset)'))}, now {json.dumps(new.get(k, '(unset)'))}"
+                      for k in diff[:3])
+    return f" ({shown}{f' and {len(diff) - 3} more' if len(diff) > 3 else ''})"
 
 
 class _Schedule:
@@ -568,6 +608,7 @@ class Trainer:
         drops = has_dropout(model, cfg)
         exempt = frozenset(hash_exempt) | (frozenset() if drops and not cfg.dropout else frozenset({"dropout"}))
         self.config_hash = config_hash(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
+        self.config_facts = config_facts(cfg, run_config, {"examples": len(dataset)}, exempt=exempt)
         self.legacy_hashes = {config_hash(cfg, rc, {"examples": len(dataset)}, exempt=exempt)
                               for rc in legacy_run_configs}
         self.accelerator = accelerator or _make_accelerator(cfg.mixed_precision)
@@ -718,11 +759,10 @@ class Trainer:
             return
         state = json.loads((ckpt / TRAINER_STATE).read_text())
         if state.get("config_hash") != self.config_hash and state.get("config_hash") not in self.legacy_hashes:
-            raise TurnRLError(
-                f"{ckpt}: the config changed since this checkpoint was written "
-                f"(hash {state.get('config_hash')} != {self.config_hash}); "
-                "resume with the same config or choose another --out"
-            )
+            changed = config_changes(state.get("config"), self.config_facts) or \
+                f" (hash {state.get('config_hash')} != {self.config_hash})"
+            raise TurnRLError(f"{ckpt}: the config changed since this checkpoint was written{changed}; "
+                              "resume with the same config or choose another --out")
         if int(state.get("num_processes", self.num_processes)) != self.num_processes:
             raise TurnRLError(
                 f"{ckpt}: written by {state['num_processes']} processes, this run has "
@@ -973,6 +1013,7 @@ class Trainer:
                     "total_steps": self.total_steps,
                     "seed": self.cfg.seed,
                     "config_hash": self.config_hash,
+                    "config": self.config_facts,
                     "num_processes": self.num_processes,
                     "elapsed": elapsed,
                 },

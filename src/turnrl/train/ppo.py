@@ -84,7 +84,8 @@ Departures from the paper (and why):
   means weighed about 3.5x more against the penalty and bonus than the samples did).
 * epsilon-greedy turns are executed but not trained on (the model did not write them); with
   GAE their states still get the value head's estimate (before 28 Nov 2026 they entered GAE
-  with V = 0). A turn too long for ``max_length`` is neither trained nor valued (V = 0).
+  with V = 0). A turn too long for ``max_length`` is neither trained nor valued (V = 0); such
+  turns are counted in ``rollout/dropped_turns``, and an iteration where no turn fits is an error.
 * A reply cut by the thinking budget ends with the template's end-of-turn marker as context,
   untrained (the model did not sample it); the tokens it did sample are trained as any reply's.
 * The value head is a plain linear layer on the policy's last hidden state (shared
@@ -624,6 +625,11 @@ class PPORunner:
             else:
                 adv = batch_baseline_advantages(ret, mask)
         flat = [s for eps in chosen for s in eps]
+        written = sum(1 for t in trajs for m in t.messages if m.role == "assistant" and m.token_ids)
+        dropped = written - sum(1 for eps in samples for s in eps if s.trained)
+        if not flat:
+            raise TurnRLError(f"iteration {iteration}: none of the {written} turns the model wrote fits in "
+                              f"max_length={cfg.max_length} tokens; raise max_length or shorten the context (history)")
         vals = torch.tensor([float(adv[s.episode, s.turn]) for s in flat], dtype=torch.float64)
         if cfg.adv_norm and len(flat) > 1:
             vals = normalize_advantages(vals, "whiten")
@@ -638,6 +644,7 @@ class PPORunner:
         returns = [t.return_ for t in trajs]
         out = {"return": float(np.mean(returns)), "invalid": invalid_rate(trajs),
                "turns": float(np.mean([t.num_turns for t in trajs])), "trained_turns": float(len(flat)),
+               "dropped_turns": float(dropped),
                "success": float(np.mean([t.success for t in trajs])), **rstats}
         if self.env_name in BANDIT_ENVS:
             out["coverage"] = float(np.mean([_coverage(t, self.cfg.env_opts, self.env_name) for t in trajs]))
