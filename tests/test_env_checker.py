@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -196,7 +197,34 @@ def test_bad_types_are_all_named() -> None:
 
 def test_by_name_errors() -> None:
     assert check_env("no-such-env") == [
-        "make raised TurnRLError: unknown env 'no-such-env'; choose from: " + ", ".join(turnrl.envs.names())
+        "make raised TurnRLError: unknown env 'no-such-env'; choose from: "
+        + ", ".join(sorted({*turnrl.envs.names(), *turnrl.envs.OPTIONAL}))  # with the envs not installed here
     ]
     with pytest.raises(TurnRLError, match="by name"):
         check_env(Counter(), opponent="random")
+
+
+def test_a_built_in_env_whose_packages_are_missing_names_what_to_install(monkeypatch) -> None:
+    """Such an env was 'unknown' (with no word of the extra), and its class built directly failed in
+    ``reset`` with an ImportError traceback."""
+    import turnrl.envs.alfworld
+    import turnrl.envs.household
+    from turnrl.envs import _REGISTRY, env_defaults, make
+    from turnrl.envs.household import Household
+    from turnrl.errors import TurnRLError
+
+    turnrl.envs.names()  # the built-ins registered
+    for name in ("household", "alfworld"):
+        monkeypatch.delitem(_REGISTRY, name, raising=False)
+    monkeypatch.setattr(turnrl.envs.household, "available", lambda: False)
+    hint = r"env 'household' is not available here: pip install 'turnrl\[textworld\]'"
+    for build in (lambda: make("household"), lambda: env_defaults("household"), lambda: Household().reset(seed=0)):
+        with pytest.raises(TurnRLError, match=hint):
+            build()
+    # with TextWorld but without $ALFWORLD_DATA, alfworld is not registered; given data_dir, it builds
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setattr(turnrl.envs.alfworld, "available", lambda: True)
+    data = Path(__file__).parent / "fixtures" / "alfworld"
+    assert type(make("alfworld", data_dir=str(data))).__name__ == "ALFWorld"
+    with pytest.raises(TurnRLError, match="alfworld: give data_dir"):
+        make("alfworld")

@@ -24,11 +24,47 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+#: built-in envs registered only where what they need is here: env -> (module, class, what it needs)
+OPTIONAL: dict[str, tuple[str, str, str]] = {
+    "scienceworld": ("scienceworld", "ScienceWorld",
+                     "pip install 'turnrl[scienceworld]' and a Java runtime (>= 8) on the PATH"),
+    "household": ("household", "Household", "pip install 'turnrl[textworld]'"),
+    "alfworld": ("alfworld", "ALFWorld", "pip install 'turnrl[alfworld]', and ALFWorld's games: set ALFWORLD_DATA "
+                 "or pass data_dir"),
+    "webshop": ("webshop", "WebShopHTTP", "set TURNRL_WEBSHOP_URL to a running WebShop server "
+                "(docs/environments.md)"),
+}
+
+
+def _factory(name: str) -> Callable[..., TextEnv]:
+    """The factory of env ``name``: a registered one, or a built-in env whose packages are installed
+    but which did not register (``alfworld`` without ``ALFWORLD_DATA``: its ``data_dir`` option
+    then says what it needs). An unknown name, or a built-in env whose packages are missing, is a
+    one-line error; the latter names what to install."""
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in OPTIONAL:
+        module_name, cls, needs = OPTIONAL[name]
+        module = importlib.import_module(f"turnrl.envs.{module_name}")
+        available = getattr(module, "available", None)
+        if available is not None and available():
+            return getattr(module, cls)
+        raise TurnRLError(f"env '{name}' is not available here: {needs}")
+    raise unknown("env", name, [*_REGISTRY, *OPTIONAL])
+
+
+def require(name: str) -> None:
+    """Raise the one-line error of :func:`_factory` where built-in env ``name``'s packages are missing:
+    for its class built directly (``ScienceWorld()``), whose ``reset`` would meet an ImportError."""
+    module_name, _, needs = OPTIONAL[name]
+    if not importlib.import_module(f"turnrl.envs.{module_name}").available():
+        raise TurnRLError(f"env '{name}' is not available here: {needs}")
+
+
 def make(name: str, **kwargs: Any) -> TextEnv:
     """Build a registered env; unknown names and options are one-line errors."""
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise unknown("env", name, _REGISTRY)
+    factory = _factory(name)
     accepted = env_options(name)
     for key in kwargs:
         if accepted is not None and key not in accepted:
@@ -37,15 +73,14 @@ def make(name: str, **kwargs: Any) -> TextEnv:
                 f"options: {', '.join(accepted) or '(none)'}"
             )
     try:
-        return _REGISTRY[name](**kwargs)
+        return factory(**kwargs)
     except TypeError as e:  # an unexpected keyword from a factory's signature
         raise TurnRLError(f"env '{name}': {e}") from None
 
 
 def env_options(name: str) -> list[str] | None:
     """The keyword options an env accepts (None when its factory takes ``**kwargs``)."""
-    _load_builtins()
-    sig = inspect.signature(_REGISTRY[name])
+    sig = inspect.signature(_factory(name))
     if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         return None
     return [n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -53,10 +88,7 @@ def env_options(name: str) -> list[str] | None:
 
 def env_defaults(name: str) -> dict[str, Any]:
     """The default value of each option of env ``name`` that has one (from its factory's signature)."""
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise unknown("env", name, _REGISTRY)
-    sig = inspect.signature(_REGISTRY[name])
+    sig = inspect.signature(_factory(name))
     return {n: p.default for n, p in sig.parameters.items()
             if p.default is not p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
@@ -79,4 +111,4 @@ def _load_builtins() -> None:
         importlib.import_module(f"turnrl.envs.{module}")
 
 
-__all__ = ["SPLITS", "ExpertStep", "TextEnv", "env_defaults", "env_options", "make", "names", "register"]
+__all__ = ["OPTIONAL", "SPLITS", "ExpertStep", "TextEnv", "env_defaults", "env_options", "make", "names", "register", "require"]

@@ -220,6 +220,9 @@ class ALFWorld(TextEnv):
     # -- internals -----------------------------------------------------------------------
 
     def _start(self, path: Path) -> Any:
+        from turnrl.envs import require
+
+        require("alfworld")
         import textworld
 
         pddl = path.suffix == ".tw-pddl"

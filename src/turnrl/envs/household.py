@@ -532,6 +532,9 @@ class Household(TextEnv):
         return [f"hh-{split}-{k}" for k in range(n)]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        from turnrl.envs import require
+
+        require("household")
         import textworld
 
         task_id = self.choose_task(seed, options)

@@ -486,6 +486,9 @@ class ScienceWorld(TextEnv):
 
     def _process(self) -> JavaProcess:
         if self._java is None or not self._java.alive:
+            from turnrl.envs import require
+
+            require("scienceworld")
             if self._java is not None:
                 self.restarts += 1
             self._java = JavaProcess(self.load_timeout)
