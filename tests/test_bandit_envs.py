@@ -280,6 +280,23 @@ def test_expert_is_ucb_and_usually_succeeds() -> None:
     assert wins >= 9
 
 
+def test_contextual_expert_usually_succeeds_and_random_play_seldom() -> None:
+    """Success is regret at most 3/4 of random choice's expected regret: the expert LinUCB met the
+    earlier share, 1/2, in about one task of ten at the default horizon."""
+    env = envs.make("contextual_bandit")
+    rng = random.Random(0)
+    wins = {"expert": 0, "random": 0}
+    for tid in env.task_ids("seen")[:30]:
+        for policy in wins:
+            env.reset(options={"task_id": tid})
+            info: dict = {}
+            for _ in range(env.horizon):
+                action = env.expert(rng).action if policy == "expert" else rng.choice(env.valid_actions())
+                *_, info = env.step(action)
+            wins[policy] += info["success"]
+    assert wins["expert"] >= 18 and wins["random"] <= 3, wins
+
+
 def test_contextual_rewards_are_linear_in_user_features() -> None:
     env = envs.make("contextual_bandit", items=4, horizon=60)
     inst = env.instance("cb-7")

@@ -126,3 +126,23 @@ def test_text_that_is_no_listed_command_leaves_the_game_as_it_was(home: Path) ->
         assert term and total == 1.0 and info["success"]
     finally:
         env.close()
+
+
+@needs_textworld
+@pytest.mark.slow
+def test_the_expert_goes_on_with_its_plan_after_an_invalid_command(home: Path) -> None:
+    """The walkthrough is played by position among valid commands: an invalid one (which leaves the
+    game as it was) used to make the expert skip a command of the plan and never win."""
+    env = Household(num_tasks=5)
+    try:
+        env.reset(options={"task_id": "hh-train-2"})
+        rng, total, term = random.Random(0), 0.0, False
+        env.step("dance")
+        for _ in range(20):
+            _, reward, term, trunc, info = env.step(env.expert(rng).action)
+            total += reward
+            if term or trunc:
+                break
+        assert term and total == 1.0 and info["success"]
+    finally:
+        env.close()

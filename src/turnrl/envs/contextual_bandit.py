@@ -28,7 +28,10 @@ Tasks: ``cb-<seed>`` (train: seeds 0..999; seen: 100000..100199) with users of e
 occupations, and ``cb-new-<seed>`` (unseen: 200000..200199) whose users all have the two
 occupations never met in training (``nurse``, ``pilot``). A task fixes the movies, the
 hidden effects, the stream of users and every reward. An episode is a success when its
-regret is at most half that of choosing at random.
+regret is at most 3/4 of choosing at random's expected regret (:data:`SUCCESS_SHARE`): the
+expert LinUCB succeeds in 72% of the seen tasks and 84% of the unseen ones, choosing at random
+in 1.5% (200 tasks each, the defaults). Before 30 Nov 2026 the share was 1/2, which the expert
+met in 10% of the seen tasks at horizon 50.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ OCCUPATIONS = ("student", "engineer", "artist", "doctor", "teacher", "farmer", "
 NEW_OCCUPATIONS = ("nurse", "pilot")
 LOCATIONS = ("Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Denver", "Cairo", "Perth")
 NOISE_SIGMA = {"low": 0.1, "medium": 0.5, "high": 1.0}
+#: an episode is a success when its regret is at most this share of choosing at random's expected regret
+SUCCESS_SHARE = 0.75
 #: each occupation's typical taste (action, comedy, drama, romance); users scatter around it
 TASTES = np.array([
     [0.6, 0.5, -0.4, 0.0],   # student
@@ -230,7 +235,7 @@ class ContextualBandit(BanditEnvBase):
         assert inst is not None
         mu = inst.mu[: len(self.history)]
         random_regret = float((mu.max(axis=1) - mu.mean(axis=1)).sum())
-        return bool(self._regret <= random_regret / 2)
+        return bool(self._regret <= SUCCESS_SHARE * random_regret)
 
 
 register("contextual_bandit", ContextualBandit)

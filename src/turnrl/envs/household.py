@@ -35,8 +35,9 @@ the apple from the countertop."). ``valid_actions`` are TextWorld's admissible c
 Reward 1 when the task is done (terminated, ``success``), else 0 (ALFWorld's binary
 reward); episodes are truncated after 50 turns.
 
-Expert: the game's walkthrough (generated with it), played by position, with a templated
-thought per command.
+Expert: the game's walkthrough (generated with it), played by position among the valid commands
+(an invalid command leaves the game, and the plan, where they were), with a templated thought per
+command.
 """
 
 from __future__ import annotations
@@ -517,6 +518,7 @@ class Household(TextEnv):
         self._spec: TaskSpec | None = None
         self._state: Any = None
         self._turns = 0
+        self._moves = 0
         self._done = False
 
     @property
@@ -546,6 +548,7 @@ class Household(TextEnv):
         self._state = self._env.reset()
         self._spec = spec
         self._turns = 0
+        self._moves = 0  # valid commands: an invalid one leaves the game as it was, and the plan where it was
         self._done = False
         return self._view(), self._info()
 
@@ -557,6 +560,7 @@ class Household(TextEnv):
         if not valid:  # not stepped: the interpreter would run what no listed command does (quit, restart,
             obs = "Nothing happens."  # a chain of commands, an unlisted direction; a NUL byte hangs it)
         else:
+            self._moves += 1
             self._state, _, _ = self._env.step(cmd)
             obs = (self._view() if cmd == "look" or cmd.startswith("go ")
                    else _clean_feedback(self._state.feedback) or "Nothing happens.")
@@ -580,7 +584,7 @@ class Household(TextEnv):
     def expert(self, rng: random.Random) -> ExpertStep:
         if self._spec is None or self._done:
             raise TurnRLError("household: no expert move: the episode is not running (call reset())")
-        k = self._turns
+        k = self._moves
         if k < len(self._spec.walkthrough):
             return ExpertStep(self._spec.walkthrough[k], self._spec.thoughts[k])
         return ExpertStep("look", "I have done every step of the plan; I look around.")
