@@ -196,6 +196,7 @@ def _fake_scienceworld(fail_listing: list[int]) -> types.ModuleType:
 @pytest.mark.parametrize("failures", [0, 1])  # 1: the listing fails once, and reset retries on a fresh process
 def test_scienceworld_admissible_actions_are_in_resets_info(monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
     monkeypatch.setitem(sys.modules, "scienceworld", _fake_scienceworld([failures]))
+    monkeypatch.setattr("turnrl.envs.scienceworld.available", lambda: True)  # the stand-in needs no Java
     env = ScienceWorld(task_names="boil", admissible_actions=True, gold_cache=False)
     try:
         obs, info = env.reset(options={"task_id": "boil-v0"})

@@ -295,6 +295,20 @@ def test_pairwise_model_save_load_roundtrip(small_pairwise, tmp_path: Path) -> N
         SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path))).check()
     with pytest.raises(TurnRLError, match=r"^oracle\.model: .*nowhere: not a pairwise preference model \(no such folder"):
         SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path / "nowhere"))).check()
+    # a broken folder is refused up front too: it failed with a traceback once the pipeline had sampled
+    import shutil
+
+    weights, config = tmp_path / "pm" / "model.safetensors", tmp_path / "pm" / "pairwise_config.json"
+    for broken, match in ((lambda: weights.write_bytes(weights.read_bytes()[:1000]), r"model\.safetensors: unreadable"),
+                          (lambda: weights.unlink(), r"no model\.safetensors \(the pairwise model's weights\)"),
+                          (lambda: config.write_text("{settings"), r"pairwise_config\.json: unreadable")):
+        shutil.copytree(tmp_path / "pm", tmp_path / "pm0", dirs_exist_ok=True)
+        broken()
+        with pytest.raises(TurnRLError, match=r"^oracle\.model: .*" + match):
+            SPPOConfig(oracle=OracleConfig(kind="pairwise_model", model=str(tmp_path / "pm"))).check()
+        with pytest.raises(TurnRLError, match=match):
+            PairwiseModelOracle(tmp_path / "pm")
+        shutil.copytree(tmp_path / "pm0", tmp_path / "pm", dirs_exist_ok=True)
 
 
 def test_render_trajectory_shows_turns_and_outcome() -> None:

@@ -282,6 +282,18 @@ def test_lora_trains_only_the_adapter(tmp_path: Path) -> None:
     with pytest.raises(TurnRLError, match=r"adapter: not a model directory \(no config\.json\); it is a LoRA "
                                           r"adapter: the merged model is .*model$"):
         resolve_model_path(str(tmp_path / "adapter"))
+    # an adapter alone (no merged model beside it) is named as one too, with its base
+    import shutil
+
+    alone = tmp_path / "alone" / "adapter"
+    shutil.copytree(tmp_path / "adapter", alone)
+    with pytest.raises(TurnRLError, match=r"adapter: not a model directory \(no config\.json\); it is a LoRA adapter: "
+                                          r"merge it into its base model first"):
+        resolve_model_path(str(alone))
+    config = json.loads((alone / "adapter_config.json").read_text())
+    (alone / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "org/base-7b"}))
+    with pytest.raises(TurnRLError, match=r"it is a LoRA adapter of org/base-7b: merge it into its base model first"):
+        resolve_model_path(str(alone))
 
 
 def test_lora_on_a_half_precision_base_trains_float32(tmp_path: Path) -> None:

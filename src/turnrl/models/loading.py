@@ -8,6 +8,7 @@ model directory.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,16 @@ def _local_dir(text: str) -> Path | None:
                     f"with `huggingface-cli download {text}` or run from another folder)")
         raise TurnRLError(f"model path not found: {text}{hint}")
     if not (p / "config.json").is_file():
-        merged = p.parent / "model"
-        hint = (f"; it is a LoRA adapter: the merged model is {merged}" if (p / "adapter_config.json").is_file()
-                and (merged / "config.json").is_file() else "")
+        merged, hint = p.parent / "model", ""
+        if (merged / "config.json").is_file() and (p / "adapter_config.json").is_file():
+            hint = f"; it is a LoRA adapter: the merged model is {merged}"
+        elif (p / "adapter_config.json").is_file():
+            try:
+                base = json.loads((p / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            except (OSError, ValueError, AttributeError):
+                base = None
+            hint = (f"; it is a LoRA adapter{f' of {base}' if base else ''}: merge it into its base model first "
+                    "(peft's merge_and_unload)")
         raise TurnRLError(f"{text}: not a model directory (no config.json){hint}")
     return p
 

@@ -51,6 +51,23 @@ def check_pairwise_folder(path: str | Path) -> Path:
         what = "no such folder" if not p.is_dir() else f"no {PAIRWISE_CONFIG} in it"
         raise TurnRLError(f"{p}: not a pairwise preference model ({what}); train one with "
                           "`turnrl train preference-model` and give its model folder")
+    # what loading reads, checked before any stage runs: a broken folder failed after sampling
+    try:
+        meta = json.loads((p / PAIRWISE_CONFIG).read_text())
+        if not isinstance(meta, dict) or not isinstance(meta.get("settings"), dict) or \
+                not isinstance(meta.get("backbone_config"), dict) or "model_type" not in meta["backbone_config"]:
+            raise ValueError("no settings or backbone_config with a model_type")
+    except (OSError, ValueError) as e:
+        raise TurnRLError(f"{p / PAIRWISE_CONFIG}: unreadable ({e}); is the folder complete?") from None
+    if not (p / WEIGHTS).is_file():
+        raise TurnRLError(f"{p}: no {WEIGHTS} (the pairwise model's weights); is the folder complete?")
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(p / WEIGHTS), framework="pt") as f:
+            f.keys()
+    except (OSError, SafetensorError) as e:
+        raise TurnRLError(f"{p / WEIGHTS}: unreadable ({e}); is the folder complete?") from None
     return p
 
 
@@ -142,7 +159,10 @@ class PairwiseModel(nn.Module):
         meta = json.loads((p / PAIRWISE_CONFIG).read_text())
         settings = PairwiseSettings.model_validate(meta["settings"])
         bcfg = dict(meta["backbone_config"])
-        config = AutoConfig.for_model(bcfg.pop("model_type"), **bcfg)
+        try:
+            config = AutoConfig.for_model(bcfg.pop("model_type"), **bcfg)
+        except (ValueError, TypeError) as e:
+            raise TurnRLError(f"{p / PAIRWISE_CONFIG}: not a backbone transformers can build ({e})") from None
         backbone = AutoModel.from_config(config)
         model = cls(backbone, settings, _hidden_size(config))
         missing, unexpected = model.load_state_dict(load_file(str(p / WEIGHTS)), strict=False)
