@@ -7,14 +7,17 @@ per task). Both sides run the same model on the same prompts with the same sampl
 settings; HF expands the prompts the same way (each prompt's copies next to each other), and
 both draw row i from the same seeded stream (turnrl's ``RowDraws`` logits processor, which the
 engine uses, is passed to the peer's ``generate``), so both sample the same tokens, which the
-script checks.
+script checks. A middle side, the engine with ``preallocate=False`` (its KV caches growing by
+concatenation, as the peer's do), tells the shared prefill's gain from the preallocated caches'
+(:mod:`turn_cache` measures the latter on its own).
 
     python benchmarks/shared_prefix.py [--model DIR] [--prompts 16] [--k 5] [--prompt-tokens 600]
                                        [--new-tokens 48] [--repeats 3]
 
 Time is the process's CPU time on a CPU (run with ``OMP_NUM_THREADS=1``: on a shared machine
 wall time mostly measures the other jobs) and wall time on a GPU. The last line is one JSON
-object with ``ratio`` = peer time / turnrl time (above 1: turnrl is faster).
+object with ``ratio`` = peer time / turnrl time (above 1: turnrl is faster) and
+``ratio_shared_prefill`` = peer time / the middle side's time (the shared prefill alone).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def main() -> None:
 
     seeds = list(range(len(prompts) * args.k))  # row i of both sides: prompt i // k, stream i
 
-    def turnrl_side() -> list[list[int]]:
+    def turnrl_side(preallocate: bool = True) -> list[list[int]]:
+        engine.preallocate = preallocate
         expanded = [p for p in prompts for _ in range(args.k)]
         return [g.token_ids for g in engine.generate(expanded, sampling, seeds=seeds)]
 
@@ -78,27 +82,29 @@ def main() -> None:
                              logits_processor=[draws])
         return out[:, width:].tolist()
 
-    times: dict[str, list[float]] = {"turnrl": [], "hf": []}
+    sides = (("turnrl", turnrl_side), ("turnrl-grow", lambda: turnrl_side(preallocate=False)), ("hf", hf_side))
+    times: dict[str, list[float]] = {name: [] for name, _ in sides}
     same = True
     for rep in range(args.repeats + 1):  # the first round warms up and is not timed
         samples = {}
-        for name, fn in (("turnrl", turnrl_side), ("hf", hf_side)):
+        for name, fn in sides:
             torch.manual_seed(rep)
             t0 = clock(cuda)
             samples[name] = fn()
             dt = clock(cuda) - t0
             if rep:
                 times[name].append(dt)
-        same = same and samples["turnrl"] == samples["hf"]
+        same = same and samples["turnrl"] == samples["hf"] == samples["turnrl-grow"]
     best = {name: min(ts) for name, ts in times.items()}
     rows = len(prompts) * args.k
-    for name in ("turnrl", "hf"):
-        print(f"{name:7s} {best[name]:8.3f} s  {rows * args.new_tokens / best[name]:9.1f} generated tokens/s")
+    for name in best:
+        print(f"{name:11s} {best[name]:8.3f} s  {rows * args.new_tokens / best[name]:9.1f} generated tokens/s")
     result = {"benchmark": "shared_prefix", "device": "cuda" if cuda else "cpu",
               "clock": "wall" if cuda else "cpu", "prompts": len(prompts), "k": args.k,
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
               "turnrl_s": round(best["turnrl"], 3), "hf_s": round(best["hf"], 3),
-              "ratio": round(best["hf"] / best["turnrl"], 3), "same_samples": same}
+              "turnrl_grow_s": round(best["turnrl-grow"], 3), "ratio": round(best["hf"] / best["turnrl"], 3),
+              "ratio_shared_prefill": round(best["hf"] / best["turnrl-grow"], 3), "same_samples": same}
     print(json.dumps(result))
 
 
