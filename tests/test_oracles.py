@@ -391,6 +391,13 @@ def test_judge_prompts_keep_to_max_tokens(tiny_dir: Path) -> None:
     with pytest.raises(TurnRLError, match=rf"^judge max_tokens=64: the judge's fixed prompt takes {fixed} tokens.*"
                                           rf"use at least {fixed + 48}$"):
         JudgeOracle(tiny_dir, max_tokens=64)
+    # and by `turnrl sppo` before any stage, not once SFT and sampling have run
+    from turnrl.oracles import OracleConfig
+    from turnrl.pipelines.sppo import SPPOConfig
+
+    SPPOConfig(oracle=OracleConfig(kind="judge", model=str(tiny_dir), max_tokens=fixed + 48)).check()
+    with pytest.raises(TurnRLError, match=rf"^judge max_tokens=64: the judge's fixed prompt takes {fixed} tokens"):
+        SPPOConfig(oracle=OracleConfig(kind="judge", model=str(tiny_dir), max_tokens=64)).check()
 
 
 def test_make_oracle_errors() -> None:

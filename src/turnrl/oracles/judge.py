@@ -65,17 +65,9 @@ class JudgeOracle(Oracle):
         self.batch_size = max(1, batch_size)
         self.max_tokens = max_tokens
         self.final_observation = final_observation
-        self.answer_ids = self._answer_prefix_ids()
+        self.answer_ids = _answer_prefix_ids(self.tok)
         self.token_a, self.token_b = self._letter_ids()
-        # what every prompt holds besides the task and the two attempts, which share the rest of max_tokens
-        fixed = len(self._assemble("", "", ""))
-        self.part_budget = (max_tokens - fixed) // 3
-        if self.part_budget < 16:
-            raise TurnRLError(f"judge max_tokens={max_tokens}: the judge's fixed prompt takes {fixed} tokens, leaving "
-                              f"fewer than 16 for each of the task and the two attempts; use at least {fixed + 48}")
-
-    def _answer_prefix_ids(self) -> list[int]:
-        return list(self.tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
+        self.part_budget = _part_budget(self.chat, self.answer_ids, max_tokens)
 
     def _letter_ids(self) -> tuple[int, int]:
         """The ids of the tokens ``A`` and ``B`` as the model would write them after ``Answer:``.
@@ -118,9 +110,7 @@ class JudgeOracle(Oracle):
                               self._clip(render_trajectory(b, final_observation=self.final_observation), budget))
 
     def _assemble(self, task: str, a: str, b: str) -> list[int]:
-        user = JUDGE_USER.format(task=task, a=a, b=b)
-        ids = self.chat.prompt_ids([{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}])
-        return ids + self.answer_ids
+        return _assemble(self.chat, self.answer_ids, task, a, b)
 
     @torch.no_grad()
     def probs(self, queries: Sequence[Query]) -> list[float]:
@@ -145,3 +135,33 @@ class JudgeOracle(Oracle):
             for i, v in zip(idx, p, strict=True):
                 out[i] = float(v)
         return out
+
+
+def _answer_prefix_ids(tok: Any) -> list[int]:
+    return list(tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
+
+
+def _assemble(chat: ChatFormat, answer_ids: list[int], task: str, a: str, b: str) -> list[int]:
+    user = JUDGE_USER.format(task=task, a=a, b=b)
+    ids = chat.prompt_ids([{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}])
+    return ids + answer_ids
+
+
+def _part_budget(chat: ChatFormat, answer_ids: list[int], max_tokens: int) -> int:
+    """The tokens each of the task and the two attempts may take: a third of what ``max_tokens``
+    leaves after what every prompt holds besides them; an error when that is under 16."""
+    fixed = len(_assemble(chat, answer_ids, "", "", ""))
+    budget = (max_tokens - fixed) // 3
+    if budget < 16:
+        raise TurnRLError(f"judge max_tokens={max_tokens}: the judge's fixed prompt takes {fixed} tokens, leaving "
+                          f"fewer than 16 for each of the task and the two attempts; use at least {fixed + 48}")
+    return budget
+
+
+def check_max_tokens(model: str | Path, max_tokens: int) -> None:
+    """The error :class:`JudgeOracle` would raise for a ``max_tokens`` too small for its fixed prompt,
+    from the judge's tokenizer alone: ``turnrl sppo`` checks it before any stage."""
+    from turnrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(model))
+    _part_budget(ChatFormat(tok), _answer_prefix_ids(tok), max_tokens)

@@ -134,6 +134,11 @@ class SPPOConfig(AgentPipelineConfig):
             raise TurnRLError(f"oracle.kind={kind} needs oracle.model (a model directory)")
         if kind == "judge":
             check_model_name(model, "oracle.model")
+            from turnrl.models.loading import model_files
+            from turnrl.oracles.judge import check_max_tokens
+
+            if model_files(model) is not None:  # here (a hub id not downloaded yet is checked when built)
+                check_max_tokens(model, self.oracle.max_tokens)
         else:
             try:
                 check_pairwise_folder(model)
