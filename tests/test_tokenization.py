@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
@@ -424,6 +425,21 @@ def test_a_prefix_space_tokenizer_gets_no_space_at_piece_boundaries(metaspace_to
         assert tok.decode(ids, skip_special_tokens=False).strip().startswith(msg.content.strip())
 
 
+def _bytelevel_tokenizer() -> Any:
+    """A GPT-2-style tokenizer trained here, whose vocabulary writes a space into the next word's
+    token (``ĠThought``), unlike the tiny model's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [m.content for m in MESSAGES] * 20 + ["Assistant: Thought: Agent: Thought: User: "] * 20
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+
+
 DEEPSEEK_LLM = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ 'User: ' + m['content'] + '\n\n' }}"
                 "{% elif m['role'] == 'assistant' %}{{ 'Assistant: ' + m['content'] + eos_token }}"
                 "{% else %}{{ m['content'] + '\n\n' }}{% endif %}{% endfor %}"
@@ -437,16 +453,7 @@ def test_a_byte_level_tokenizer_reads_the_space_before_a_reply_with_the_reply(te
     writes ``"Agent: "``), the prompt must end at the colon, not in a lone space token, and the reply
     start with ``ĠThought``, as the template's own tokenizing of the whole text has it. A sampled reply
     (which then starts with the space) is trained as sampled."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    corpus = [m.content for m in MESSAGES] * 20 + ["Assistant: Thought: Agent: Thought: User: "] * 20
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    tok = _bytelevel_tokenizer()
     tok.chat_template = DEEPSEEK_LLM if template == "deepseek_llm" else None
     assert "ĠThought" in tok.get_vocab()
     chat = ChatFormat(tok)
@@ -467,3 +474,25 @@ def test_a_byte_level_tokenizer_reads_the_space_before_a_reply_with_the_reply(te
     assert enc is not None and enc.reencoded_turns == 0
     assert [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m] == sampled
     assert enc.input_ids[: len(prompt) + len(sampled)] == prompt + sampled  # (the fallback adds a newline)
+
+
+def test_a_marker_that_takes_the_whitespace_after_it_leaves_no_newline_token() -> None:
+    """Phi-3's added tokens take the whitespace on their right (``rstrip``): tokenizing the whole text,
+    ``<|end|>\n<|user|>`` has no newline token. The context after an agent turn's marker, tokenized as a
+    piece of its own, kept one after every turn."""
+    from tokenizers import AddedToken
+
+    tok = _bytelevel_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [
+        AddedToken(t, rstrip=True, special=True, normalized=False)
+        for t in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")]})
+    tok.eos_token = "<|end|>"
+    tok.chat_template = PHI3
+    chat = ChatFormat(tok)
+    enc = chat.encode(MESSAGES)
+    rendered = chat._apply([{"role": m.role, "content": m.content} for m in MESSAGES], False)
+    assert enc is not None and enc.input_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    for k, m in enumerate(MESSAGES):  # every turn's prompt is what precedes it in training
+        if m.role == "assistant":
+            prompt = chat.prompt_ids(MESSAGES[:k])
+            assert enc.input_ids[: len(prompt)] == prompt and enc.action_mask[len(prompt)] == 1

@@ -105,6 +105,10 @@ class ChatFormat:
             reverse=True,
         )
         self._fold_system = False
+        #: added tokens that take the whitespace after them (Phi-3's ``<|end|>``): tokenizing the whole
+        #: text, ``<|end|>\n<|user|>`` has no newline token, so a piece after one starts past its whitespace
+        self._rstrip = {str(t.content) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+                        if getattr(t, "rstrip", False)}
         self._cache: dict[str, list[int]] = {}
         #: a special token after which text tokenizes as it does mid-sequence: set for tokenizers
         #: that add a prefix space to text that starts an input (SentencePiece's Metaspace in
@@ -437,10 +441,12 @@ class ChatFormat:
         self, segs: Sequence[Segment], messages: Sequence[Message | dict]
     ) -> Iterator[tuple[Segment, list[int], bool]]:
         """Token ids of each segment: ``(segment, ids, re-encoded?)``."""
-        lead = ""
+        lead, after = "", ""  # after: the text that ends the piece before (an agent turn's marker)
         for k, seg in enumerate(segs):
             if seg.turn < 0:
                 text, lead = seg.text, ""
+                if after.strip() in self._rstrip:
+                    text = text.lstrip()
                 if self._move_lead and k + 1 < len(segs) and segs[k + 1].turn >= 0:
                     # the tokenizer writes the space before a word into the word's token ("▁Thought",
                     # "ĠThought"): the spaces a template puts before an agent turn go with the turn, so
@@ -449,6 +455,7 @@ class ChatFormat:
                     lead = seg.text[len(text):]
                 # the input's first piece is tokenized as an input starts (with a prefix space, if any)
                 yield seg, self._first_piece(text) if k == 0 else self.tokenize_text(text), False
+                after = seg.text
                 continue
             msg = messages[seg.message_index]
             sampled = msg.token_ids if isinstance(msg, Message) else msg.get("token_ids")
@@ -464,6 +471,7 @@ class ChatFormat:
                 yield Segment(seg.eot), eot_ids, False
             else:
                 yield seg, piece, reencoded
+            after = seg.eot
 
 
 def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
