@@ -804,3 +804,7 @@ def test_gae_hand_values() -> None:
     # a truncated episode bootstraps from the given value: r = [1], V = [0.5], V(s_1) = 2, gamma 1 -> A = 2.5
     adv, _ = gae(torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.ones(1, 1), bootstrap=torch.tensor([2.0]))
     assert adv.item() == pytest.approx(2.5)
+    # ... also where its row is padded: the last real step takes V(s_1) from bootstrap, not from the padding
+    adv, _ = gae(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.5, 0.0, 0.0]]), torch.tensor([[1, 0, 0]]),
+                 gamma=1.0, lam=0.95, bootstrap=torch.tensor([2.0]))
+    assert adv.flatten().tolist() == pytest.approx([2.5, 0.0, 0.0])

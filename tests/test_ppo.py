@@ -416,7 +416,7 @@ def test_ppo_sigkill_then_resume_matches_uninterrupted(tiny_dir: Path, tmp_path:
             assert a.get(k) == b.get(k)
     from safetensors.torch import load_file
 
-    for name in ("model.safetensors", "value_head.safetensors"):  # the value head is kept apart
+    for name in ("model.safetensors", "parts/value_head.safetensors"):  # the value head is kept apart
         wa = load_file(str(ref / "model" / name))
         wb = load_file(str(out / "model" / name))
         assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
@@ -911,7 +911,8 @@ def test_ppo_lora_gae_keeps_the_value_head_beside_the_merged_model(tiny_dir: Pat
     train_ppo(str(tiny_dir), "tictactoe", tmp_path / "o", cfg)
     model_dir = tmp_path / "o" / "model"
     assert not any("value_head" in k or "lora" in k for k in load_file(str(model_dir / "model.safetensors")))
-    assert set(load_file(str(model_dir / "value_head.safetensors"))) == {"weight", "bias"}
+    assert set(load_file(str(model_dir / "parts" / "value_head.safetensors"))) == {"weight", "bias"}
+    assert sorted(p.name for p in model_dir.glob("*.safetensors")) == ["model.safetensors"]  # all vLLM reads
 
 
 def test_ppo_rollouts_stop_at_the_generation_configs_end_ids_as_evaluation_does(tiny_dir: Path, tmp_path: Path,

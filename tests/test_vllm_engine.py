@@ -200,9 +200,19 @@ def test_weight_sync_reload_and_lora_swap(fake_vllm: types.ModuleType, tiny_dir:
 
     saved = load_file(str(tiny_dir / "model.safetensors"))
     assert n == len(saved) and dict(llm.inner.loaded).keys() == saved.keys() and llm.resets == 1
+    # a PPO model of before 30 Nov 2026 keeps its value head beside the weights: not a weight of the model
+    import shutil
+
+    from safetensors.torch import save_file
+
+    old_ppo = tmp_path / "old-ppo"
+    shutil.copytree(tiny_dir, old_ppo)
+    save_file({"weight": torch.zeros(1, 4), "bias": torch.zeros(1)}, str(old_ppo / "value_head.safetensors"))
+    llm.inner.loaded.clear()
+    assert engine.load_weights(old_ppo) == len(saved) and dict(llm.inner.loaded).keys() == saved.keys()
     llm.inner.loaded.clear()
     engine.load_weights({"lm_head.weight": torch.zeros(2)})  # a state dict
-    assert [k for k, _ in llm.inner.loaded] == ["lm_head.weight"] and llm.resets == 2
+    assert [k for k, _ in llm.inner.loaded] == ["lm_head.weight"] and llm.resets == 3
 
     with pytest.raises(TurnRLError, match="not a LoRA adapter directory"):
         engine.set_lora(tmp_path)

@@ -31,6 +31,7 @@ exactly as HF does.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -221,7 +222,13 @@ def _load_weights_on_worker(worker: Any, pairs: list[tuple[str, Any]]) -> None: 
 
 
 def _read_model_dir(path: Path) -> Iterable[tuple[str, Any]]:
-    files = sorted(path.glob("*.safetensors"))
+    """The weights of a ``save_pretrained`` folder: the files its index names, else ``model*.safetensors``
+    (a PPO model of before 30 Nov 2026 keeps its value head beside them, in ``value_head.safetensors``)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise TurnRLError(f"{path}: no *.safetensors weights to load into the vLLM engine")
     from safetensors.torch import load_file

@@ -98,6 +98,8 @@ __all__ = [
 ]
 
 CHECKPOINTS = "checkpoints"
+#: the folder under ``OUT/model`` that holds the modules saved apart (``Trainer(save_apart=...)``)
+PARTS = "parts"
 TRAINER_STATE = "trainer_state.json"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -558,8 +560,8 @@ class Trainer:
     :meth:`train`, :attr:`unwrapped_model` is the trained model and ``out_dir/model`` holds
     it in ``save_pretrained`` format (merged under LoRA; the adapter is in ``out_dir/adapter``).
     The parameters of each module named in ``save_apart`` (e.g. PPO's ``value_head``, which no
-    ``from_pretrained`` class knows) go beside it, in ``out_dir/model/<name>.safetensors``, so
-    that the model folder loads without unexpected keys.
+    ``from_pretrained`` class knows) go in a folder of their own, ``out_dir/model/parts/<name>.safetensors``,
+    so that the model folder loads without unexpected keys, in transformers and in vLLM alike.
 
     ``run_config`` is everything besides ``cfg`` that determines the result (model path,
     data files, algorithm settings); it is hashed so that a resume with a different config
@@ -1059,9 +1061,11 @@ class Trainer:
             else:
                 kept, apart = split_modules(state_dict, self.save_apart)
                 model.save_pretrained(str(model_dir), state_dict=kept)
+            # in a folder of their own: vLLM reads every *.safetensors of the model's folder as its weights
             for name, tensors in apart.items():
+                (model_dir / PARTS).mkdir(exist_ok=True)
                 save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                          str(model_dir / f"{name}.safetensors"))
+                          str(model_dir / PARTS / f"{name}.safetensors"))
             if self._use_cache is not None and config is not None:
                 config.use_cache = False  # training may go on (a caller that saves and trains more)
             if self.tokenizer is not None:

@@ -31,8 +31,8 @@ One iteration:
    the last prompt token of each turn, ``model.value_head``) and
    :func:`~turnrl.losses.gae`; the value head trains with
    :func:`~turnrl.losses.value_loss` (``vf_coef``, optional ``value_clip``). The final
-   model folder keeps the head apart, in ``model/value_head.safetensors`` (the model loads
-   without unexpected keys), and PPO continued from such a folder starts from that head.
+   model folder keeps the head apart, in ``model/parts/value_head.safetensors`` (the model loads
+   without unexpected keys, in vLLM too), and PPO continued from such a folder starts from that head.
    Advantages are standardised over the batch's trained turns (``adv_norm``).
 4. **Updates.** ``ppo_epochs`` passes over the episodes in ``minibatches`` minibatches;
    every minibatch is one optimizer step of the trainer core
@@ -279,12 +279,17 @@ def find_value_head(model: Any) -> Any:
 
 def new_value_head(model: Any, model_name: str | Path) -> torch.nn.Linear:
     """The value head for ``model``: a float32 linear layer on the last hidden state, zero at the
-    start, or the one a PPO run saved beside the model in ``model_name/value_head.safetensors``
-    (so that PPO continued from a PPO model keeps its critic)."""
+    start, or the one a PPO run saved with the model in ``model_name/parts/value_head.safetensors``
+    (``model_name/value_head.safetensors`` before 30 Nov 2026), so that PPO continued from a PPO
+    model keeps its critic."""
+    from turnrl.train.core import PARTS
+
     head = torch.nn.Linear(int(model.config.hidden_size), 1)
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
-    saved = Path(model_name) / "value_head.safetensors"
+    saved = Path(model_name) / PARTS / "value_head.safetensors"
+    if not saved.is_file():
+        saved = Path(model_name) / "value_head.safetensors"
     if saved.is_file():
         from safetensors import SafetensorError
         from safetensors.torch import load_file
