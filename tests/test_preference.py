@@ -16,6 +16,7 @@ from turnrl.collect import run_policy
 from turnrl.data import pairs as P
 from turnrl.data.io import read_pairs, write_jsonl
 from turnrl.data.schema import Message, Pair, Trajectory
+from turnrl.errors import TurnRLError
 from turnrl.rollout import ExpertPolicy, RandomPolicy
 from turnrl.rollout.sampler import EpisodeSpec, Sampler
 from turnrl.train.forward import common_prefix_length, pack, pack_shared, token_logps
@@ -514,6 +515,23 @@ def test_an_unwritable_reference_cache_is_skipped_in_one_process(ttt_pairs, tiny
     preference.train_preference(str(tiny_dir), ttt_pairs[0], tmp_path / "run", cfg)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["loss"] == pytest.approx(math.log(2), abs=1e-5) and "not cached" in caplog.text
+
+
+def test_lora_under_sharded_training_is_refused_before_the_reference_pass(ttt_pairs, tiny_dir: Path,
+                                                                          tmp_path: Path, monkeypatch) -> None:
+    """The trainer refuses LoRA under ZeRO-3 and FSDP; a preference run met that refusal only after its
+    reference pass, which on a large model takes minutes."""
+    from turnrl.train import preference
+
+    real = preference.check_lora_sharding
+    monkeypatch.setattr(preference, "_zero_stage", lambda acc: 3)  # as under deepspeed_zero3.yaml
+    monkeypatch.setattr(preference, "check_lora_sharding",
+                        lambda kind, stage, lora: real("DistributedType.DEEPSPEED", stage, lora))
+    monkeypatch.setattr(preference, "compute_reference", lambda *a, **k: pytest.fail("the reference pass ran"))
+    cfg = preference.PreferenceConfig(loss="dpo", max_steps=1, batch_size=4, lora={"r": 4, "alpha": 8})
+    with pytest.raises(TurnRLError, match="lora under DeepSpeed ZeRO-3"):
+        preference.train_preference(str(tiny_dir), ttt_pairs[0], tmp_path / "run", cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_bf16_reference_is_computed_at_the_policy_precision(ttt_pairs, tiny_dir: Path, tmp_path: Path,

@@ -46,7 +46,15 @@ from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.losses import chosen_nll, dmpo_loss, dpo_loss, ipo_loss, sppo_loss, turn_logps
 from turnrl.tokenization import ChatFormat, Encoded
-from turnrl.train.core import TrainConfig, Trainer, TrainResult, _make_accelerator, atomic_write_json
+from turnrl.train.core import (
+    TrainConfig,
+    Trainer,
+    TrainResult,
+    _make_accelerator,
+    _zero_stage,
+    atomic_write_json,
+    check_lora_sharding,
+)
 from turnrl.train.forward import pack, pack_shared, token_logps
 from turnrl.train.sft import file_hash
 
@@ -500,6 +508,8 @@ def train_preference(
     dtype = training_dtype(cfg.mixed_precision, cfg.lora is not None)
     model = load_model(model_name, dtype=dtype)
     acc = _make_accelerator(cfg.mixed_precision)
+    # as the trainer would, but before the reference pass, which may take minutes
+    check_lora_sharding(str(acc.distributed_type), _zero_stage(acc), cfg.lora is not None)
 
     ref_name = cfg.ref_model or model_name
     ref_path = resolve_model_path(ref_name)
@@ -546,12 +556,17 @@ def train_preference(
     trainer = Trainer(model, cfg, out, units, PreferenceObjective(cfg, pad_id), tokenizer=tok, eval_fn=eval_fn,
                       accelerator=acc, run_config=run_config, legacy_run_configs=legacy)
     trainer.check_out(resume)  # before anything is written there
+    # the start's held-out metrics (kept on resume). Where the parameters are sharded (FSDP, ZeRO-3) a
+    # forward gathers them from every process, so every process runs it; the main one writes it
+    sharded = str(acc.distributed_type).endswith("FSDP") or _zero_stage(acc) == 3
+    if held_out and not (resume and (out / "eval_start.json").is_file()) and (trainer.is_main or sharded):
+        with acc.autocast():  # as training's forwards and the reference run
+            start = pair_metrics(trainer.unwrapped_model, held_out, cfg, pad_id)
+        if trainer.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out / "eval_start.json", {f"eval_{k}": v for k, v in start.items()})
     if trainer.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        if held_out and not (resume and (out / "eval_start.json").is_file()):  # the start's, kept on resume
-            with acc.autocast():  # as training's forwards and the reference run
-                start = pair_metrics(trainer.unwrapped_model, held_out, cfg, pad_id)
-            atomic_write_json(out / "eval_start.json", {f"eval_{k}": v for k, v in start.items()})
         atomic_write_json(out / "data_stats.json", {**stats, "units": len(units)})
     return trainer.train(resume=resume)
 
