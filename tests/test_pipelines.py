@@ -1525,3 +1525,25 @@ def test_another_env_takes_its_own_prompt_and_options() -> None:
     assert load_config(EtoConfig, None, ["env=bandit", "history=2", "env_opts.arms=3"]).env_opts == {"arms": 3}
     ttt = load_config(EtoConfig, None, [])
     assert ttt.instruction is not None and "tic-tac-toe" in ttt.instruction and ttt.history == 0
+
+
+def test_eto_refuses_start_settings_nothing_reads(tmp_path: Path, tiny_dir: Path, capsys) -> None:
+    """With ``model`` no SFT runs: ``sft.epochs=50`` ran to the end without a word; so did ``rft_*``
+    in a run without self-play."""
+    from test_cli import one_line_error, run
+
+    out = tmp_path / "o"
+    for args, said in ((["sft.epochs=50"], "sft.epochs=50.0 is not used: model=.* is the start and no SFT runs"),
+                       (["self_play=true", "sft.warmup_ratio=0.2"],
+                        "sft.warmup_ratio=0.2 is not used: .*self-play's RFT from the agent trains rft_epochs"),
+                       (["rft_epochs=2"], "rft_epochs=2.0 sets self-play's RFT; this run is not self_play")):
+        code, _, err = run(["eto", f"out={out}", f"model={tiny_dir}", *args], capsys)
+        assert re.search(said, one_line_error(code, err)), err
+    assert not out.exists()
+    from turnrl.pipelines.eto import EtoConfig
+
+    # what is read passes: self-play's RFT reads sft.lr, and from the base model every sft setting
+    for args in ([f"model={tiny_dir}", "self_play=true", "sft.lr=0.001"],
+                 [f"model={tiny_dir}", "self_play=true", "rft_init=base", "sft.epochs=5"],
+                 ["sft.epochs=5"]):  # SFT runs
+        load_config(EtoConfig, None, args).check_start_settings()

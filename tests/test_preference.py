@@ -270,9 +270,16 @@ def test_eto_trajectory_pairs_rule_truncation_and_clean_losers() -> None:
     # clean drops degenerate explorations, never the expert's game: here the agent won and the expert,
     # who played one cell three times (as a bandit's UCB plays its best arm), lost
     stats = {}
-    for source in ("expert", "import"):  # `turnrl data import-eto` writes ETO's demos as "import"
+    for source in ("expert", "import", "policy"):  # `turnrl data import-eto` writes ETO's demos as "import"
         beaten = [_traj("a", ["5", "5", "5"], 0.0, source=source)]
         assert len(P.trajectory_pairs(beaten, [_traj("a", ["1", "2"], 1.0)], losers="clean", stats=stats)) == 1
+    # ... and it drops a degenerate exploration whatever its source: ETO's explorations imported with
+    # `import-eto` (source "import") were kept as if they were demos
+    for source in ("policy", "import"):
+        stats = {}
+        looping = [_traj("a", ["3", "3", "3"], -1.0, source=source)]
+        assert P.trajectory_pairs(experts, looping, losers="clean", stats=stats) == []
+        assert stats["dropped_repeated_action"] == 1
 
 
 def test_a_bandit_game_that_repeats_its_best_arm_is_not_degenerate() -> None:
@@ -328,7 +335,7 @@ def test_step_pairs_share_the_expert_prefix_and_train_one_turn() -> None:
     # the same move as the expert's at the trained turn: both sides would be one text there, no preference
     same = _traj("a", ["1", "2", "6"], -1.0, meta={"expert_turns": 1})
     stats = {}
-    assert P.step_pairs([expert], [same], stats=stats) == [] and stats["same_return"] == 1
+    assert P.step_pairs([expert], [same], stats=stats) == [] and stats == {"same_action": 1, "pairs": 0}  # not same_return
     # clean losers: a loser invalid at the trained turn is dropped; one invalid only after the cut is kept
     bad = _traj("a", ["1", "5", "6"], -1.0, meta={"expert_turns": 1})
     bad.messages[4] = replace(bad.messages[4], valid=False)  # turn 1, the trained one

@@ -36,8 +36,9 @@ Losers can be filtered ("clean", DMPO's setting) with :func:`degenerate_reason`:
 loser with an invalid action, a turn without a parseable action (but an imported trajectory's leading
 "OK", ETO's acknowledgement of the instruction, whatever its ``source``), an action repeated
 ``max_repeats`` times in a row (not on the bandits, where pulling the best arm again is the point),
-or gibberish text is dropped; "noisy" keeps them. A demo that lost to the agent's game (an expert's
-or an imported one) is never dropped: the settings are about degenerate explorations.
+or gibberish text is dropped; "noisy" keeps them. An expert game that lost to the agent's is never
+dropped: the settings are about degenerate explorations. What counts is the file a game comes from
+(explored or expert), not its ``source``: imported explorations are filtered as the agent's own are.
 """
 
 from __future__ import annotations
@@ -171,8 +172,10 @@ def _one_env(*groups: Iterable[Trajectory]) -> None:
                           "games: give the expert and explored files of one env")
 
 
-def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int]) -> bool:
-    if losers == "noisy" or loser.source != "policy":  # clean drops degenerate explorations, not demos
+def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int], *, explored: bool = True) -> bool:
+    """Whether a pair keeps ``loser``: "clean" drops a degenerate one of the ``explored`` games (the
+    agent's, or an import of ETO's explorations), never an expert game, whatever its ``source``."""
+    if losers == "noisy" or not explored:
         return True
     why = degenerate_reason(loser)
     if why is not None:
@@ -205,7 +208,7 @@ def trajectory_pairs(
             stats["same_return"] = stats.get("same_return", 0) + 1
             continue
         win, lose = (e, x) if e.return_ > x.return_ else (x, e)
-        if not _keep_loser(lose, losers, stats):
+        if not _keep_loser(lose, losers, stats, explored=lose is x):
             continue
         lost = lose.return_  # what the loser scored (a cut loser's own return counts its kept turns only)
         if truncate_k is not None:
@@ -248,10 +251,11 @@ def step_pairs(
             stats["prefix_mismatch"] = stats.get("prefix_mismatch", 0) + 1
             continue
         if e.return_ == x.return_ or e.actions[t] == x.actions[t]:
-            stats["same_return"] = stats.get("same_return", 0) + 1
+            key = "same_return" if e.return_ == x.return_ else "same_action"
+            stats[key] = stats.get(key, 0) + 1
             continue
         win, lose = (e, x) if e.return_ > x.return_ else (x, e)
-        if not _keep_loser(truncate_turns(lose, t + 1), losers, stats):
+        if not _keep_loser(truncate_turns(lose, t + 1), losers, stats, explored=lose is x):
             continue
         pairs.append(Pair(x.task_id, truncate_turns(win, t + 1), truncate_turns(lose, t + 1), {
             "kind": "step", "train_from_turn": t, "chosen_return": win.return_,

@@ -261,6 +261,30 @@ class EtoConfig(AgentPipelineConfig):
         self.train.check_unread([self.loss], "train.", _default_train(), "this pipeline trains")
         return self
 
+    def check_start_settings(self) -> None:
+        """``turnrl eto`` and ``turnrl dmpo``: settings of the start that nothing of this run would read,
+        when not the default, one line each. With ``model`` no SFT runs, so ``sft.*`` is read only by
+        self-play's RFT (which sets its own ``epochs`` and ``warmup_ratio`` with ``rft_init: current``);
+        ``rft_*`` only by self-play. (``turnrl compare`` gives its rows a start through ``model`` and
+        keeps the settings it trained that start with, so it does not call this.)"""
+        if not self.self_play:
+            for key in ("rft_init", "rft_epochs"):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    raise TurnRLError(f"{key}={getattr(self, key)} sets self-play's RFT; this run is not self_play: "
+                                      f"remove {key}")
+        if self.model is None:
+            return
+        default = _default_sft()
+        read: set[str] = set()
+        if self.self_play:
+            read = set(SFTConfig.model_fields) - ({"epochs", "warmup_ratio"} if self.rft_init == "current" else set())
+        for key in SFTConfig.model_fields:
+            if key not in read and getattr(self.sft, key) != getattr(default, key):
+                why = ("self-play's RFT from the agent trains rft_epochs with no warm-up" if self.self_play
+                       else "no SFT runs")
+                raise TurnRLError(f"sft.{key}={getattr(self.sft, key)} is not used: model={self.model} is the start and "
+                                  f"{why}; remove sft.{key}")
+
 
 # ----------------------------------------------------------------------------- helpers
 
