@@ -338,6 +338,19 @@ def test_numbers_in_exponent_notation_are_floats(tmp_path: Path) -> None:
     assert load_config(EtoConfig, cfg).env_opts == {"opponent": "noisy", "noise": 0.1}
 
 
+def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
+    """YAML 1.1 read ``seed=010`` as octal 8 and ``1:30`` as 90 (base 60), silently."""
+    from turnrl.config import parse_value
+    from turnrl.pipelines.eto import EtoConfig
+
+    got = [parse_value(v) for v in ("010", "007", "-12", "1_000", "0x1f", "0o17", "1:30", "0b11")]
+    assert got == [10, 7, -12, 1000, 31, 15, "1:30", "0b11"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("seed: 010\n")
+    assert load_config(EtoConfig, cfg, ["eval_episodes=020"]).seed == 10
+    assert load_config(EtoConfig, cfg, ["eval_episodes=020"]).eval_episodes == 20
+
+
 @pytest.mark.parametrize(("items", "message"), [
     (["lora.r=4", "lora=null"], "bad override 'lora=null': 'lora' is a section that 'lora.r=4' sets"),
     (["lora=null", "lora.r=4"], "bad override 'lora.r=4': 'lora' is set to a value by 'lora=null'"),
@@ -590,3 +603,16 @@ def test_an_empty_instruction_is_refused_not_read_as_unset(tmp_path: Path, capsy
                         "instruction="], capsys)
     assert "override 'instruction='" in one_line_error(code, err)
     assert not out.exists() and not (tmp_path / "p").exists()
+
+
+def test_validate_refuses_an_empty_file_and_a_symlink_loop(tmp_path: Path, capsys) -> None:
+    """An empty file passed `turnrl data validate` (0 records, exit 0), and a symlink loop gave a
+    traceback."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    code, _, err = run(["data", "validate", str(empty)], capsys)
+    assert one_line_error(code, err).endswith("empty.jsonl: holds no records")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, _, err = run(["data", "validate", str(tmp_path / "a")], capsys)
+    assert "Too many levels of symbolic links" in one_line_error(code, err)

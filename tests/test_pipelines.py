@@ -161,14 +161,19 @@ def test_pipelines_refuse_an_out_made_with_other_settings(tmp_path: Path) -> Non
 def test_stage_lock_left_with_our_own_pid_is_taken_over(tmp_path: Path) -> None:
     """A killed run's lock holds its pid; a rerun that got the same pid (pid 1 in a container) takes
     it over instead of waiting for itself forever."""
-    import threading
-
-    from turnrl.pipelines.iterative import stage_lock
-
     out = tmp_path / "stage"
     lock = out.with_name("stage.lock")
     lock.write_text(str(os.getpid()))
     os.utime(lock, (0, 0))  # written long ago
+    assert _taken_in_a_thread(out) and not lock.exists()
+
+
+def _taken_in_a_thread(out: Path) -> bool:
+    """Whether a thread takes ``out``'s stage lock within 10 s."""
+    import threading
+
+    from turnrl.pipelines.iterative import stage_lock
+
     taken = threading.Event()
 
     def take() -> None:
@@ -178,7 +183,7 @@ def test_stage_lock_left_with_our_own_pid_is_taken_over(tmp_path: Path) -> None:
     t = threading.Thread(target=take, daemon=True)
     t.start()
     t.join(timeout=10)
-    assert taken.is_set() and not lock.exists()
+    return taken.is_set()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process start times are read from /proc")
@@ -272,10 +277,7 @@ def test_stage_lock_of_a_dead_holder_is_taken_by_one_waiter(tmp_path: Path) -> N
 def test_stage_lock_of_a_zombie_is_taken_over(tmp_path: Path) -> None:
     """A holder that died but that its parent has not reaped yet (a zombie) still has a pid; it
     does not hold the lock."""
-    import threading
     import time
-
-    from turnrl.pipelines.iterative import stage_lock
 
     out = tmp_path / "stage"
     zombie = subprocess.Popen(["true"])
@@ -285,16 +287,7 @@ def test_stage_lock_of_a_zombie_is_taken_over(tmp_path: Path) -> None:
                 break
             time.sleep(0.01)
         out.with_name("stage.lock").write_text(str(zombie.pid))
-        taken = threading.Event()
-
-        def take() -> None:
-            with stage_lock(out, poll=0.01):
-                taken.set()
-
-        t = threading.Thread(target=take, daemon=True)
-        t.start()
-        t.join(timeout=10)
-        assert taken.is_set()
+        assert _taken_in_a_thread(out)
     finally:
         zombie.wait()
 
@@ -1547,3 +1540,26 @@ def test_eto_refuses_start_settings_nothing_reads(tmp_path: Path, tiny_dir: Path
                  [f"model={tiny_dir}", "self_play=true", "rft_init=base", "sft.epochs=5"],
                  ["sft.epochs=5"]):  # SFT runs
         load_config(EtoConfig, None, args).check_start_settings()
+
+
+def test_a_folder_no_pipeline_made_is_not_taken_over(tmp_path: Path) -> None:
+    """A folder without settings.json was adopted: `turnrl quickstart --out` on a `turnrl train sft`
+    run replaced its summary.json and report.md. A pipeline's folder of before settings were
+    recorded holds stage markers, and is still taken."""
+    from turnrl.pipelines.iterative import check_settings
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "summary.json").write_text('{"schema": "turnrl.train_summary/v1"}')
+    (user / ".hidden").write_text("")
+    with pytest.raises(TurnRLError, match=r"^--out .*user: holds files \(summary\.json\) but no settings\.json"):
+        check_settings(user, {"a": 1}, command="quickstart", what="--out")
+    assert sorted(p.name for p in user.iterdir()) == [".hidden", "summary.json"]
+    legacy = tmp_path / "legacy"
+    (legacy / "seed-0").mkdir(parents=True)
+    (legacy / "seed-0" / "sft.done.json").write_text("{}")
+    check_settings(legacy, {"a": 1})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_settings(empty, {"a": 1})
+    assert (legacy / "settings.json").is_file() and (empty / "settings.json").is_file()

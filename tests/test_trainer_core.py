@@ -538,7 +538,7 @@ def test_settings_that_would_change_nothing_are_refused_before_training(tmp_path
     with pytest.raises(TurnRLError, match=r"^lora.modules_to_save: no module of the model is named 'foo'"):
         run(tmp_path / "m", base_cfg(max_steps=1, lora=LoraSettings(r=4, alpha=8, modules_to_save=["foo"])))
     if not torch.cuda.is_available():
-        with pytest.raises(TurnRLError, match=r"^train.mixed_precision=fp16 needs a GPU"):
+        with pytest.raises(TurnRLError, match=r"^mixed_precision=fp16 needs a GPU"):
             run(tmp_path / "h", base_cfg(max_steps=1, mixed_precision="fp16"))
     assert not any((tmp_path / d).exists() for d in ("e", "m", "h"))
 

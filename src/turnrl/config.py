@@ -120,7 +120,8 @@ def _bool_for_a_number(annotation: Any, value: Any) -> bool:
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader (YAML 1.1), but a number in exponent notation is a float with or
     without a dot and a sign (``1e-5``, ``2e4``, ``1.0e5``), as in YAML 1.2, JSON and Python:
-    YAML 1.1 reads those as strings, which a ``dict`` / ``Any`` setting (``env_opts``) keeps."""
+    YAML 1.1 reads those as strings, which a ``dict`` / ``Any`` setting (``env_opts``) keeps; and
+    integers are YAML 1.2's (``seed: 010`` is 10, not octal 8; ``1:30`` is not 90)."""
 
 
 _Loader.add_implicit_resolver(
@@ -128,6 +129,23 @@ _Loader.add_implicit_resolver(
     re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?|[-+]?\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."),
 )
+# integers as YAML 1.2 reads them: ``010`` is 10 (YAML 1.1: octal 8), ``1:30`` is text (YAML 1.1: 90, base
+# 60); ``0x1f`` and ``0o17`` are hexadecimal and octal, as in Python
+_INT = "tag:yaml.org,2002:int"
+_Loader.yaml_implicit_resolvers = {ch: [(tag, rx) for tag, rx in rs if tag != _INT]
+                                   for ch, rs in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"),
+                              list("-+0123456789"))
+
+
+def _yaml12_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    if text[:2] in ("0x", "0o"):
+        return int(text, 0)
+    return int(text, 10)
+
+
+_Loader.add_constructor(_INT, _yaml12_int)
 
 
 def parse_value(text: str) -> Any:

@@ -122,6 +122,8 @@ def data_validate(path: Path) -> None:
         }
     else:
         summary = summarize(path)
+    if not summary.get("records"):  # a truncated download or an unfinished writer: no valid file of records
+        raise TurnRLError(f"{path}: holds no records")
     console.print_json(json.dumps(summary))
 
 
@@ -491,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
 #: errors of the user's file system (permissions, a read-only or full disk, a file where a folder
 #: goes): one line; any other OSError keeps its traceback
 _USER_OS_ERRORS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
-                             errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG})
+                             errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP})
 
 
 def _exit(code: int | None) -> None:

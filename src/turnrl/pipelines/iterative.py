@@ -168,7 +168,8 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     (``"iterations"``, ``"seeds"``): the first differing keys are named in a one-line error.
     A key only one side knows (a setting added or removed by another turnrl version) is not
     compared; a setting that is a value on one side and a section on the other is (``lora: null``
-    then ``lora: {r: 8}``). A folder made before settings were recorded is taken as made with these.
+    then ``lora: {r: 8}``). A folder made before settings were recorded (it holds stage markers) is
+    taken as made with these; any other folder that holds files is refused (:func:`_check_unclaimed`).
 
     ``command`` (default: the one :func:`made_by` set, if any) is recorded as settings.json's
     ``"command"``: a folder another command made (``turnrl eto``'s in ``turnrl quickstart``) is
@@ -182,6 +183,8 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     path = Path(out) / SETTINGS_FILE
     now = json.loads(json.dumps(settings, default=str))
     command = command if command is not None else _command.get()
+    if not path.is_file():
+        _check_unclaimed(Path(out), what)
     if path.is_file():
         try:
             before = json.loads(path.read_text())
@@ -218,6 +221,20 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
     Path(out).mkdir(parents=True, exist_ok=True)
     location = {"dir": str(Path(out).resolve().parent), "dir_as_given": str(Path(out).parent)}
     atomic_write_json(path, {**now, **({COMMAND_KEY: command} if command is not None else {}), LOCATION_KEY: location})
+
+
+def _check_unclaimed(out: Path, what: str) -> None:
+    """Refuse a folder without settings.json that holds files, unless a pipeline made it before
+    settings were recorded (it then holds stage markers, ``*.done.json``): a folder of the user's or of
+    another command (``turnrl train sft``'s) would be taken over, and its ``summary.json`` replaced."""
+    if not out.is_dir():
+        return
+    held = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    if not held or any(out.glob("*.done.json")) or any(out.glob("*/*.done.json")):
+        return
+    shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    raise TurnRLError(f"{what} {out}: holds files ({shown}) but no {SETTINGS_FILE}, so no pipeline made it: its files "
+                      f"would be replaced; choose another {what} or empty it")
 
 
 def _moved(where: Any, out: str | Path) -> tuple[tuple[str, str], tuple[str, str]] | None:

@@ -617,12 +617,12 @@ class Trainer:
         acc = self.accelerator
         if str(acc.distributed_type).endswith("DEEPSPEED") and cfg.grad_accum != 1:
             raise TurnRLError(
-                f"train.grad_accum={cfg.grad_accum} under DeepSpeed: its engine steps after every backward; "
+                f"grad_accum={cfg.grad_accum} under DeepSpeed: its engine steps after every backward; "
                 "set grad_accum=1 and raise batch_size (or the number of processes) instead"
             )
         check_lora_sharding(str(acc.distributed_type), _zero_stage(acc), cfg.lora is not None or _is_peft(model))
         if cfg.mixed_precision == "fp16" and acc.device.type == "cpu":
-            raise TurnRLError("train.mixed_precision=fp16 needs a GPU: on the CPU accelerate does no fp16 autocast "
+            raise TurnRLError("mixed_precision=fp16 needs a GPU: on the CPU accelerate does no fp16 autocast "
                               "and would train in float32; use bf16 or no")
         if cfg.eval_every and eval_fn is None:
             nothing = (f"eval_every={cfg.eval_every}: this run has nothing to evaluate on (SFT has no evaluation; "
