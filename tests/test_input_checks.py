@@ -343,8 +343,8 @@ def test_integers_are_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
     from turnrl.config import parse_value
     from turnrl.pipelines.eto import EtoConfig
 
-    got = [parse_value(v) for v in ("010", "007", "-12", "1_000", "0x1f", "0o17", "1:30", "0b11")]
-    assert got == [10, 7, -12, 1000, 31, 15, "1:30", "0b11"]
+    got = [parse_value(v) for v in ("010", "007", "-12", "1_000", "0x1f", "0o17", "1:30", "0b11", "-0x10", "+0o7")]
+    assert got == [10, 7, -12, 1000, 31, 15, "1:30", 3, -16, 7]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("seed: 010\n")
     assert load_config(EtoConfig, cfg, ["eval_episodes=020"]).seed == 10

@@ -502,3 +502,20 @@ def test_preference_model_settings_that_broke_training(tiny_dir: Path, tmp_path:
     code, _, err = run([*base[:-2], "--out", str(tmp_path / "both"), "--eval-data", str(tmp_path / "c.jsonl"),
                         "eval_fraction=0.5"], capsys)  # the fraction went unread: nothing was held out of --data
     assert one_line_error(code, err).startswith("error: eval_fraction=0.5 holds out tasks of --data, and --eval-data")
+
+
+def test_the_judge_prompt_keeps_the_space_before_its_answer() -> None:
+    """Under a template that writes ``"Assistant: "`` before a reply, the prompt leaves that space to the
+    reply (docs/tokenization.md): the judge's ``Answer:`` must bring it, or its prompt reads
+    ``Assistant:Answer:``."""
+    from test_tokenization import DEEPSEEK_LLM, _bytelevel_tokenizer  # tests/ is on sys.path
+
+    from turnrl.oracles.judge import _answer_prefix_ids, _assemble
+    from turnrl.tokenization import ChatFormat
+
+    tok = _bytelevel_tokenizer()
+    tok.chat_template = DEEPSEEK_LLM
+    chat = ChatFormat(tok)
+    ids = _assemble(chat, _answer_prefix_ids(chat), "the task", "attempt a", "attempt b")
+    assert tok.decode(ids).endswith("\n\nAssistant: Answer:")
+    assert ids == tok(tok.decode(ids), add_special_tokens=False)["input_ids"]  # as the whole text tokenizes

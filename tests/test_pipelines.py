@@ -273,6 +273,37 @@ def test_stage_lock_of_a_dead_holder_is_taken_by_one_waiter(tmp_path: Path) -> N
     assert spans == []  # no hold began before the one before it ended
 
 
+def _hold_and_fork(out: str, ready: Any) -> None:
+    """Hold the stage, fork a child that lives on (a worker forked without exec), then wait to be killed."""
+    import time
+
+    from turnrl.pipelines.iterative import stage_lock
+
+    with stage_lock(Path(out), poll=0.01):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        ready.set()
+        time.sleep(60)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks processes that share a lock")
+def test_a_child_the_holder_forked_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """The holder's flock is on a file its forked children inherit: killed, it kept the stage locked
+    until they exited (a forked worker that never exits would lock it for good)."""
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_and_fork, args=(str(tmp_path / "stage"), ready))
+    holder.start()
+    assert ready.wait(30)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
+    assert _taken_in_a_thread(tmp_path / "stage")  # within 10 s, not after the child's 30
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="a zombie is told from /proc")
 def test_stage_lock_of_a_zombie_is_taken_over(tmp_path: Path) -> None:
     """A holder that died but that its parent has not reaped yet (a zombie) still has a pid; it
@@ -1533,6 +1564,11 @@ def test_eto_refuses_start_settings_nothing_reads(tmp_path: Path, tiny_dir: Path
         code, _, err = run(["eto", f"out={out}", f"model={tiny_dir}", *args], capsys)
         assert re.search(said, one_line_error(code, err)), err
     assert not out.exists()
+    # a folder made before the check, with such a setting, resumes with it: settings.json decides there
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps({"sft": {"epochs": 49.0}}))
+    code, _, err = run(["eto", f"out={out}", f"model={tiny_dir}", "sft.epochs=50"], capsys)
+    assert "made with other settings (sft.epochs: 49.0, now 50.0)" in one_line_error(code, err)
     from turnrl.pipelines.eto import EtoConfig
 
     # what is read passes: self-play's RFT reads sft.lr, and from the base model every sft setting
@@ -1559,6 +1595,10 @@ def test_a_folder_no_pipeline_made_is_not_taken_over(tmp_path: Path) -> None:
     (legacy / "seed-0").mkdir(parents=True)
     (legacy / "seed-0" / "sft.done.json").write_text("{}")
     check_settings(legacy, {"a": 1})
+    study = tmp_path / "study"  # a greedy study's folder of before 27 Nov 2026: its study.json, no markers
+    (study / "bandit").mkdir(parents=True)
+    (study / "study.json").write_text("{}")
+    check_settings(study, {"a": 1})
     empty = tmp_path / "empty"
     empty.mkdir()
     check_settings(empty, {"a": 1})

@@ -130,19 +130,18 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."),
 )
 # integers as YAML 1.2 reads them: ``010`` is 10 (YAML 1.1: octal 8), ``1:30`` is text (YAML 1.1: 90, base
-# 60); ``0x1f`` and ``0o17`` are hexadecimal and octal, as in Python
+# 60); ``0x1f``, ``0o17`` and ``0b101`` (YAML 1.1's, kept) are hexadecimal, octal and binary, as in Python
 _INT = "tag:yaml.org,2002:int"
 _Loader.yaml_implicit_resolvers = {ch: [(tag, rx) for tag, rx in rs if tag != _INT]
                                    for ch, rs in _Loader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"),
+_Loader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
                               list("-+0123456789"))
 
 
 def _yaml12_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     text = str(loader.construct_scalar(node)).replace("_", "")
-    if text[:2] in ("0x", "0o"):
-        return int(text, 0)
-    return int(text, 10)
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    return sign * (int(digits, 0) if digits[:2] in ("0x", "0o", "0b") else int(digits, 10))
 
 
 _Loader.add_constructor(_INT, _yaml12_int)

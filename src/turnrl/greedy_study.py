@@ -662,7 +662,7 @@ def run_study(out: str | Path, *, seeds: int = 3, fast: bool = False, docs: str 
     # recorded in settings.json and another design or changed settings is a one-line error
     from turnrl.pipelines.iterative import check_settings
 
-    check_settings(out, {"design": "fast" if fast else design, "config": cfg})
+    check_settings(out, {"design": "fast" if fast else design, "config": cfg}, what="--out")
     t0 = time.time()
     plans: dict[str, dict[str, Any]] = {}
     if "bandit" in parts:

@@ -190,24 +190,26 @@ class ChatFormat:
         models). Tokenized with the context, those spaces would end every prompt in a lone space
         token, and the reply would start with ``Th``, ``ought``: not what the model read in
         pretraining, nor what the template's own tokenizing gives."""
-        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                 {"role": "assistant", "content": "Thought: I take the center. Action: 4"}]
-        segs = self.segments(probe)
-        k = next(i for i, seg in enumerate(segs) if seg.turn >= 0)
-        before = segs[k - 1].text if k else ""
-        if len(before) == len(before.rstrip(" ")):
-            return
-        if not self._move_lead:
-            through = segs[: k + 1]
-
-            def ids(move: bool) -> list[int]:
-                self._move_lead = move
-                return [i for _, piece, _ in self._pieces(through, probe) for i in piece]
-
+        before = ""
+        fits: list[tuple[bool, bool]] = []  # per probe reply: whether moved / kept give the whole text's ids
+        for reply in ("Thought: I take the center.", "Action: 4", "I take 4", "a", "ACTION=4", "OK"):
+            probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                     {"role": "assistant", "content": reply}]
+            segs = self.segments(probe)
+            k = next(i for i, seg in enumerate(segs) if seg.turn >= 0)
+            before = segs[k - 1].text if k else ""
+            if len(before) == len(before.rstrip(" ")) or self._anchor is not None:
+                break
             whole = self._first_piece("".join(seg.text for seg in segs))
-            moved, kept = ids(True), ids(False)
-            self._move_lead = moved == whole[: len(moved)] and kept != whole[: len(kept)]
-        if self._move_lead:
+            got = []
+            for move in (True, False):
+                self._move_lead = move
+                ids = [i for _, piece, _ in self._pieces(segs[: k + 1], probe) for i in piece]
+                got.append(ids == whole[: len(ids)])
+            fits.append((got[0], got[1]))
+        if fits:  # the whole text's ids on every probe, where keeping the spaces misses one at least
+            self._move_lead = all(m for m, _ in fits) and not all(k for _, k in fits)
+        if self._move_lead and len(before) != len(before.rstrip(" ")):
             self.reply_lead = before[len(before.rstrip(" ")):]
 
     def _probe_prefix(self) -> bool:
@@ -451,8 +453,8 @@ class ChatFormat:
                     # the tokenizer writes the space before a word into the word's token ("▁Thought",
                     # "ĠThought"): the spaces a template puts before an agent turn go with the turn, so
                     # the prompt ends where the model's reply starts, as in the template's own tokenizing
-                    text = seg.text.rstrip(" ")
-                    lead = seg.text[len(text):]
+                    stripped = text.rstrip(" ")
+                    text, lead = stripped, text[len(stripped):]
                 # the input's first piece is tokenized as an input starts (with a prefix space, if any)
                 yield seg, self._first_piece(text) if k == 0 else self.tokenize_text(text), False
                 after = seg.text

@@ -25,7 +25,8 @@ def _run(loss: str | None, config: Path | None, overrides: list[str] | None) -> 
     if loss is not None and cfg.loss != loss:  # turnrl dmpo runs DMPO: not DPO because a config says so
         raise TurnRLError(f"loss={cfg.loss}: 'turnrl {loss}' trains with loss={loss}; use 'turnrl eto' for "
                           f"loss={cfg.loss}")
-    cfg.check_start_settings()
+    if not (Path(cfg.out) / "settings.json").is_file():  # a folder made before the check resumes as it was made
+        cfg.check_start_settings()
     with made_by(loss or "eto"):  # recorded in OUT/settings.json: another command's folder is refused
         summary = run_pipeline(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     results = list(summary["start"]["results"])

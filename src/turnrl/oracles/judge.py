@@ -65,7 +65,7 @@ class JudgeOracle(Oracle):
         self.batch_size = max(1, batch_size)
         self.max_tokens = max_tokens
         self.final_observation = final_observation
-        self.answer_ids = _answer_prefix_ids(self.tok)
+        self.answer_ids = _answer_prefix_ids(self.chat)
         self.token_a, self.token_b = self._letter_ids()
         self.part_budget = _part_budget(self.chat, self.answer_ids, max_tokens)
 
@@ -137,8 +137,10 @@ class JudgeOracle(Oracle):
         return out
 
 
-def _answer_prefix_ids(tok: Any) -> list[int]:
-    return list(tok(ANSWER_PREFIX, add_special_tokens=False)["input_ids"])
+def _answer_prefix_ids(chat: ChatFormat) -> list[int]:
+    """``Answer:`` where the reply starts: after the space the template writes before a reply, where the
+    prompt leaves it to the reply (:attr:`ChatFormat.reply_lead`), as the whole text tokenizes."""
+    return chat.tokenize_text(chat.reply_lead + ANSWER_PREFIX)
 
 
 def _assemble(chat: ChatFormat, answer_ids: list[int], task: str, a: str, b: str) -> list[int]:
@@ -163,5 +165,5 @@ def check_max_tokens(model: str | Path, max_tokens: int) -> None:
     from the judge's tokenizer alone: ``turnrl sppo`` checks it before any stage."""
     from turnrl.models.loading import load_tokenizer
 
-    tok = load_tokenizer(str(model))
-    _part_budget(ChatFormat(tok), _answer_prefix_ids(tok), max_tokens)
+    chat = ChatFormat(load_tokenizer(str(model)))
+    _part_budget(chat, _answer_prefix_ids(chat), max_tokens)

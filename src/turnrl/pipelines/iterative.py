@@ -225,12 +225,13 @@ def check_settings(out: str | Path, settings: dict[str, Any], *, free: tuple[str
 
 def _check_unclaimed(out: Path, what: str) -> None:
     """Refuse a folder without settings.json that holds files, unless a pipeline made it before
-    settings were recorded (it then holds stage markers, ``*.done.json``): a folder of the user's or of
-    another command (``turnrl train sft``'s) would be taken over, and its ``summary.json`` replaced."""
+    settings were recorded (it then holds stage markers, ``*.done.json``, or a greedy study's
+    ``study.json``, its record before 27 Nov 2026): a folder of the user's or of another command
+    (``turnrl train sft``'s) would be taken over, and its ``summary.json`` replaced."""
     if not out.is_dir():
         return
     held = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-    if not held or any(out.glob("*.done.json")) or any(out.glob("*/*.done.json")):
+    if not held or "study.json" in held or any(out.glob("*.done.json")) or any(out.glob("*/*.done.json")):
         return
     shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
     raise TurnRLError(f"{what} {out}: holds files ({shown}) but no {SETTINGS_FILE}, so no pipeline made it: its files "
@@ -310,6 +311,21 @@ def _holds(pid: int, started: str) -> bool:
     return not started or _started(pid) in ("", started)
 
 
+#: the lock files this process holds open (:func:`stage_lock`); a child forked without exec (multiprocessing,
+#: a DataLoader worker) closes them at once, so that its copy of the flock does not outlive a killed holder
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
 @contextlib.contextmanager
 def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold ``<output>.lock``; wait while a live process holds it, take over a dead one's. Lets
@@ -352,6 +368,7 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
             log(f"waiting for process {pid}, which is running this stage ({lock} names it)")
             told = True
         time.sleep(poll)
+    _HELD.add(fd)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
@@ -362,6 +379,7 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
         for path in (_start_file(lock), lock):  # deleted while our flock holds, then released
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        _HELD.discard(fd)
         os.close(fd)
 
 

@@ -58,6 +58,8 @@ def probe(model: Path, states: int = 120, env_opts: dict | None = None, temperat
 
 
 def main() -> None:
+    if len(sys.argv) < 6:
+        sys.exit("usage: python docs/img/rlft/best-summary/sft_and_probe.py OUT STEPS EPS EPISODES LR [SUMMARY]")
     out, steps, eps, episodes, lr = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
     env_opts = {**ENV, "summary": sys.argv[6] if len(sys.argv) > 6 else "best"}
     out.mkdir(parents=True, exist_ok=True)

@@ -56,5 +56,7 @@ def sampled_low_states(model: str, states: int = 400, seed: int = 0) -> dict[str
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python docs/img/rlft/knowing-doing/probe.py MODEL_DIR")
     print("greedy, 200 random states:", sp.probe(Path(sys.argv[1])))
     print("temperature 1, 400 low states:", sampled_low_states(sys.argv[1]))

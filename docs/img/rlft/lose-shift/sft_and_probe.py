@@ -62,6 +62,8 @@ def probe(model: Path, states: int = 200) -> dict[str, int]:
 
 
 def main() -> None:
+    if len(sys.argv) < 5:
+        sys.exit("usage: python docs/img/rlft/lose-shift/sft_and_probe.py OUT STEPS EPISODES LR")
     out, steps, episodes, lr = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     out.mkdir(parents=True, exist_ok=True)
     g._collect(g.CompactBanditPolicy(SPEC), "bandit", ENV, g.BANDIT_INSTRUCTION, out / "lose-shift.jsonl", episodes)

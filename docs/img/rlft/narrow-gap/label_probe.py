@@ -50,7 +50,7 @@ def probe(model: str) -> dict[str, Any]:
     env: Any = envs.make("bandit", **ENV)
     labels = env.labels
     policy = g._model_policy(model, 16)
-    first = parse_action(policy.act([_request([])])[0].content, labels).action
+    first = parse_action(policy.act([_request([])])[0].content, labels).action or "none"  # not a label: its walk ends
     keys = [(a, k, r) for a in range(len(labels)) for k in STEPS for r in LOW]
     replies = policy.act([_request([(a, 0.5)] * (k - 1) + [(a, r)]) for a, k, r in keys])
     after: dict[str, collections.Counter[str]] = {lab: collections.Counter() for lab in labels}
