@@ -396,3 +396,37 @@ def test_scripted_policies_take_the_envs_ucb_constant(tmp_path: Path) -> None:
         for c in (0.01, 5.0)}
     assert rows[5.0]["policy"] == "linucb:alpha=5,c=5"
     assert rows[0.01]["regret"] != rows[5.0]["regret"]
+
+
+def test_scorer_scores_the_reply_as_the_model_writes_it_after_a_spaced_template(tiny_model, tiny_tokenizer) -> None:
+    """Under a template that writes a space before the reply (the fallback of base models, ``Agent: ``),
+    the prompt leaves that space to the reply: the scored continuation must bring it, as a trained
+    reply has it, not score ``Agent:ACTION=blue``."""
+    import copy
+
+    import torch
+
+    from turnrl.data.schema import Message
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = None  # the fallback template
+    env = envs.make("bandit", arms=3, horizon=12)
+    scorer = ModelScorer(tiny_model, tok, env)
+    assert scorer.chat.reply_lead == " "
+    ctx = fb_contexts(env, env.task_ids("seen")[:1], prefixes=1, max_repeats=0, step=1, seed=0)[0]
+    prompt = scorer.prompt(ctx.history)
+    obs = env.render_history(list(ctx.history), env.labels, horizon=12, context=None)
+    scores = []
+    for lab in env.labels:
+        enc = scorer.chat.encode([Message("system", env.instruction), Message("user", obs),
+                                  Message("assistant", f"ACTION={lab}")])
+        assert enc is not None and enc.input_ids[: len(prompt)] == prompt
+        cont = [i for i, m in zip(enc.input_ids, enc.action_mask, strict=True) if m]  # the reply as trained
+        eot = scorer.chat.tokenize_text(scorer.chat.eot_text)
+        cont = cont[: len(cont) - len(eot)] if eot and cont[-len(eot):] == eot else cont  # scored without it
+        with torch.no_grad():
+            logits = tiny_model(input_ids=torch.tensor([prompt + cont])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        scores.append(sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont)))
+    want = np.exp(np.array(scores) - max(scores))
+    assert np.allclose(scorer([ctx])[0], want / want.sum(), atol=1e-4)

@@ -304,6 +304,32 @@ def test_a_child_the_holder_forked_does_not_keep_its_lock(tmp_path: Path) -> Non
     assert _taken_in_a_thread(tmp_path / "stage")  # within 10 s, not after the child's 30
 
 
+def _fork_inside_the_stage(out: str, result: str) -> None:
+    """A child forked inside the stage that leaves it (unwinding the lock's context) as its parent holds it."""
+    from turnrl.pipelines.iterative import stage_lock
+
+    with stage_lock(Path(out), poll=0.01):
+        child = os.fork()
+        if child:
+            _, status = os.waitpid(child, 0)
+            Path(result).write_text(f"{status} {Path(out).with_name('stage.lock').exists()}")
+    if child == 0:
+        os._exit(0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks processes that share a lock")
+def test_a_child_forked_inside_the_stage_leaves_the_lock_to_its_parent(tmp_path: Path) -> None:
+    """Its exit from the block closed a descriptor the fork handler had closed (EBADF) and deleted the
+    lock file its parent still held."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("fork").Process(
+        target=_fork_inside_the_stage, args=(str(tmp_path / "stage"), str(tmp_path / "result")))
+    proc.start()
+    proc.join(30)
+    assert (tmp_path / "result").read_text() == "0 True"  # the child exited cleanly; the lock was still held
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="a zombie is told from /proc")
 def test_stage_lock_of_a_zombie_is_taken_over(tmp_path: Path) -> None:
     """A holder that died but that its parent has not reaped yet (a zombie) still has a pid; it

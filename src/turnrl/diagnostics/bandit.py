@@ -428,7 +428,10 @@ class ModelScorer:
             prompts = [p + r for p, r in zip(prompts, self._rationales(prompts, marker), strict=True)]
             conts = [self.chat.tokenize_text(lab + rest) for lab in labels]
         else:
-            conts = [self.chat.tokenize_text(self.template.replace("{action}", lab)) for lab in labels]
+            # where the reply starts: after the space the template writes before a reply, which the prompt
+            # leaves to the reply where the tokenizer reads it with the reply's first word (ChatFormat.reply_lead)
+            conts = [self.chat.tokenize_text(self.chat.reply_lead + self.template.replace("{action}", lab))
+                     for lab in labels]
         conts = _ended(conts, labels, self.chat)
         width = max(len(c) for c in conts)
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)

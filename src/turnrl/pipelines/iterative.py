@@ -369,6 +369,7 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
             told = True
         time.sleep(poll)
     _HELD.add(fd)
+    owner = os.getpid()
     try:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
@@ -376,11 +377,12 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
             _start_file(lock).write_text(f"{os.getpid()} {_started(os.getpid())}")
         yield
     finally:
-        for path in (_start_file(lock), lock):  # deleted while our flock holds, then released
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        _HELD.discard(fd)
-        os.close(fd)
+        if os.getpid() == owner:  # not in a child forked inside the stage, which left it: the lock is its parent's
+            for path in (_start_file(lock), lock):  # deleted while our flock holds, then released
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            _HELD.discard(fd)
+            os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:
