@@ -238,7 +238,7 @@ def check_budget(data: Path, budget: int, model: str = "tiny") -> int:
 
     chat = ChatFormat(load_tokenizer(model))
     eot = len(chat.stop_token_ids[:1])
-    longest = max(len(chat.tokenize_text(m.content)) + eot for t in iter_trajectories(data)
+    longest = max(len(chat.tokenize_text(chat.reply_lead + m.content)) + eot for t in iter_trajectories(data)
                   for m in t.messages if m.role == "assistant")
     if longest > budget:
         raise TurnRLError(f"{data}: replies of up to {longest} tokens exceed the thinking budget "
