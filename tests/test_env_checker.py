@@ -228,3 +228,8 @@ def test_a_built_in_env_whose_packages_are_missing_names_what_to_install(monkeyp
     assert type(make("alfworld", data_dir=str(data))).__name__ == "ALFWorld"
     with pytest.raises(TurnRLError, match="alfworld: give data_dir"):
         make("alfworld")
+    # an optional env that is registered (scienceworld where Java is installed) is named once
+    monkeypatch.setitem(_REGISTRY, "household", Household)
+    with pytest.raises(TurnRLError) as e:
+        make("no-such-env")
+    assert str(e.value).count("household") == 1

@@ -517,8 +517,34 @@ def test_study_paired_difference_and_common_eval_instances(tmp_path: Path) -> No
 
     res = paired_vs_start({"greedy-like SFT": [[10.0, 20.0]], "RLFT": [[8.0, 16.0], [10.0, 18.0], [9.0, 17.0]]})
     assert res["RLFT"]["diff_seeds"]["mean"] == -2.0  # per seed -3, -1, -2
-    assert res["RLFT"]["diff_seeds"]["n"] == 3 and res["RLFT"]["diff_pooled"]["n"] == 6
+    # by instance: each instance's difference averaged over the seeds (-1, -3), its CI across the 2
+    # instances; pooling seeds x instances counted each instance three times (n 6, a CI about sqrt(3) too narrow)
+    assert res["RLFT"]["diff_seeds"]["n"] == 3 and res["RLFT"]["diff_pooled"]["n"] == 2
+    assert res["RLFT"]["diff_pooled"]["mean"] == -2.0 and res["RLFT"]["diff_pooled"]["ci95"][0] < -2.0 - 12
+    copies = paired_vs_start({"greedy-like SFT": [[10.0, 20.0, 5.0]], "RLFT": [[8.0, 16.0, 4.0]] * 3})
+    once = paired_vs_start({"greedy-like SFT": [[10.0, 20.0, 5.0]], "RLFT": [[8.0, 16.0, 4.0]]})
+    assert copies["RLFT"]["diff_pooled"] == once["RLFT"]["diff_pooled"]  # copies of a seed add nothing
     assert "RLFT + bonus" not in res
+
+
+def test_study_tables_say_what_did_not_run_and_give_no_interval_for_one_value(tmp_path: Path) -> None:
+    """Rows the study did not run vanished from the table (``not_run`` was in results.json only), and a
+    one-model row or a one-seed run printed ``[3.02, 3.02]`` as if it were an interval."""
+    from turnrl.greedy_study import report
+
+    one = {"mean": 3.02, "ci95": [3.02, 3.02], "n": 1}
+    row = {"regret_seeds": one, "coverage_seeds": {**one, "mean": 0.1, "ci95": [0.1, 0.1]}, "regret_pooled":
+           {"mean": 3.02, "ci95": [1.5, 4.5], "n": 4}, "actions_pct": {"optimal": 0, "greedy": 100, "other": 0},
+           "invalid": 0.0}
+    curve = {"steps": [1, 2], "mean": [1.0, 2.0], "lo": [1.0, 2.0], "hi": [1.0, 2.0]}
+    result = {"bandit": {"rows": {"untrained": row}, "not_run": ["RLFT", "RLFT + bonus"], "env": {"horizon": 2},
+                         "instances_per_seed": 4, "seeds": 1,
+                         "curves": [{"policy": "untrained", "regret": curve, "coverage": curve}]},
+              "tictactoe": {"rows": {}, "not_run": ["RLFT"]}}
+    report(result, tmp_path)
+    text = (tmp_path / "rlft-tables.md").read_text()
+    assert "| untrained | 3.02 | (one value: no CI) | 0.10 | (one value: no CI) | [1.50, 4.50] |" in text
+    assert "Not run: RLFT, RLFT + bonus" in text and "Tic-tac-toe: not run: RLFT" in text
 
 
 def test_study_knowing_doing_design_rows_and_start_data(tmp_path: Path) -> None:

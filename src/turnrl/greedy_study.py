@@ -32,9 +32,10 @@ Each stage writes its output under ``--out`` and is skipped when that output exi
 killed study resumes; the stages of the issue's claims run first, the reference rows after
 them. Bandit evaluation: greedy decoding (temperature 0) on the same ``instances`` seen tasks
 for every row: a one-model row (untrained, SFT) has one evaluation, a trained row one per
-seed; the 95% CI is Student-t over the seeds (a point for a one-model row), the pooled CI
-over seeds x instances is reported too, and so is the paired per-instance difference of
-each RLFT row and its starting policy. Tic-tac-toe: greedy games against the random and the
+seed; the 95% CI is Student-t over the seeds (none for a one-model row or one seed: "one value:
+no CI"), the CI by instance (each instance's mean over the seeds, across instances) is reported
+too, and so is the paired per-instance difference of each RLFT row and its starting policy. Rows
+that did not run are listed as not run. Tic-tac-toe: greedy games against the random and the
 minimax opponent. Every row plays the same ``ttt_games`` seen games (the task id fixes the
 opponent's moves); the seed 1000 + s only draws the random cell played for an invalid reply, so
 RLFT seed s and its start meet the same games and the same stand-ins (the paired difference per
@@ -395,6 +396,22 @@ def _ci(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": round(m, 3), "ci95": [round(lo, 3), round(hi, 3)], "n": len(values)}
 
 
+def _by_unit(per_seed: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Each instance's (or game's) mean over the seeds, then the 95% CI across instances: every seed
+    plays the same instances, so pooling seeds x instances would count each instance once per seed."""
+    rows = [list(map(float, r)) for r in per_seed]
+    if len({len(r) for r in rows}) != 1:  # not the same instances: nothing to average by instance
+        return _ci([x for r in rows for x in r])
+    return _ci(np.mean(np.array(rows), axis=0).tolist())
+
+
+def _fmt_ci(d: dict[str, Any], digits: int = 2, sign: str = "") -> str:
+    """``[lo, hi]``, or a word where one value gives no interval (a one-model row, one seed)."""
+    if d.get("n", 2) < 2:
+        return "(one value: no CI)"
+    return f"[{d['ci95'][0]:{sign}.{digits}f}, {d['ci95'][1]:{sign}.{digits}f}]"
+
+
 def _key(label: str) -> str:
     return label.replace(" ", "_").replace("+", "plus")
 
@@ -525,13 +542,13 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
         per_seed = [json.loads(Path(t[2][0]).read_text()) for t in tasks]
         regrets = [float(np.mean(p["final_regret"])) for p in per_seed]
         covs = [float(np.mean(p["final_coverage"])) for p in per_seed]
-        pooled_r = [x for p in per_seed for x in p["final_regret"]]
-        pooled_c = [x for p in per_seed for x in p["final_coverage"]]
+        pooled_r = _by_unit([p["final_regret"] for p in per_seed])
+        pooled_c = _by_unit([p["final_coverage"] for p in per_seed])
         acts = {a: round(float(np.mean([p["actions_pct"][a] for p in per_seed])), 1)
                 for a in ("optimal", "greedy", "other")}
         result["rows"][label] = {
-            "regret_seeds": _ci(regrets), "coverage_seeds": _ci(covs), "regret_pooled": _ci(pooled_r),
-            "coverage_pooled": _ci(pooled_c), "regret_per_seed": regrets, "coverage_per_seed": covs,
+            "regret_seeds": _ci(regrets), "coverage_seeds": _ci(covs), "regret_pooled": pooled_r,
+            "coverage_pooled": pooled_c, "regret_per_seed": regrets, "coverage_per_seed": covs,
             "actions_pct": acts, "invalid": round(float(np.mean([p["invalid"] for p in per_seed])), 4),
         }
         low = sum(p.get("low_replies", 0) for p in per_seed)
@@ -551,7 +568,8 @@ def aggregate_bandit(out: Path, seeds: int, cfg: dict[str, Any], evals: dict[str
 
 def paired_vs_start(per_instance: dict[str, list[list[float]]], start: str = "greedy-like SFT") -> dict[str, Any]:
     """Regret@H of each trained row minus that of its starting policy on the same instances:
-    per seed the mean difference (95% CI over seeds), and pooled over seeds x instances."""
+    per seed the mean difference (95% CI over seeds), and by instance (each instance's difference
+    averaged over the seeds, 95% CI across instances; ``diff_pooled``)."""
     if start not in per_instance:
         return {}
     base = np.array(per_instance[start][0])
@@ -561,7 +579,7 @@ def paired_vs_start(per_instance: dict[str, list[list[float]]], start: str = "gr
             continue
         diffs = [np.array(r) - base for r in per_instance[label]]
         out[label] = {"diff_seeds": _ci([float(d.mean()) for d in diffs]),
-                      "diff_pooled": _ci([float(x) for d in diffs for x in d])}
+                      "diff_pooled": _by_unit(diffs)}
     return out
 
 
@@ -623,7 +641,7 @@ def aggregate_ttt(seeds: int, cfg: dict[str, Any], evals: dict[str, list[Any]]) 
         for opp in ("random", "minimax"):
             per = [json.loads(Path(t[2][0]).read_text()) for t in tasks if t[2][2] == opp]
             rec[opp] = {"return_seeds": _ci([p["mean"] for p in per]), "per_seed": [round(p["mean"], 4) for p in per],
-                        "return_pooled": _ci([x for p in per for x in p["returns"]]),
+                        "return_pooled": _by_unit([p["returns"] for p in per]),
                         "win": round(float(np.mean([p["win"] for p in per])), 3),
                         "invalid": round(float(np.mean([p["invalid"] for p in per])), 4)}
         result["rows"][label] = rec
@@ -712,21 +730,21 @@ def report(result: dict[str, Any], where: Path) -> None:
     where.mkdir(parents=True, exist_ok=True)
     lines = []
     b = result.get("bandit")
-    if b:
+    if b and not b["rows"]:
+        lines += [f"Bandit: not run: {', '.join(b.get('not_run', []))}", ""]
+    elif b:
         h = b["env"]["horizon"]
         title = f"10-arm Gaussian bandit, sigma 1, {b['instances_per_seed']} instances, {b['seeds']} RLFT seeds"
         plots.plot_regret(b["curves"], where / "rlft-bandit-regret.png", title=title)
         plots.plot_coverage(b["curves"], where / "rlft-bandit-coverage.png", title=title)
-        lines += [f"| row | regret@{h} (seeds) | 95% CI | coverage@{h} | 95% CI | regret pooled CI | "
+        lines += [f"| row | regret@{h} (seeds) | 95% CI | coverage@{h} | 95% CI | regret by instance CI | "
                   "optimal/greedy/other % | invalid |", "|---|---:|---|---:|---|---|---|---:|"]
         for label, r in b["rows"].items():
             rs, cs, rp = r["regret_seeds"], r["coverage_seeds"], r["regret_pooled"]
             a = r["actions_pct"]
-            lines.append(f"| {label} | {rs['mean']:.2f} | [{rs['ci95'][0]:.2f}, {rs['ci95'][1]:.2f}] | "
-                         f"{cs['mean']:.2f} | [{cs['ci95'][0]:.2f}, {cs['ci95'][1]:.2f}] | "
-                         f"[{rp['ci95'][0]:.2f}, {rp['ci95'][1]:.2f}] | {a['optimal']}/{a['greedy']}/{a['other']} | "
-                         f"{r['invalid']:.2f} |")
-        lines.append("")
+            lines.append(f"| {label} | {rs['mean']:.2f} | {_fmt_ci(rs)} | {cs['mean']:.2f} | {_fmt_ci(cs)} | "
+                         f"{_fmt_ci(rp)} | {a['optimal']}/{a['greedy']}/{a['other']} | {r['invalid']:.2f} |")
+        lines += [f"Not run: {', '.join(b['not_run'])}", ""] if b.get("not_run") else [""]
         acted = {label: r["moves_on_low"] for label, r in b["rows"].items() if "moves_on_low" in r}
         if acted:
             lines += ["Replies whose rationale is `Low.` that move off the last arm (greedy decoding, pooled over "
@@ -735,24 +753,24 @@ def report(result: dict[str, Any], where: Path) -> None:
         for label, d in b.get("paired", {}).items():
             ds, dp = d["diff_seeds"], d["diff_pooled"]
             lines.append(f"* {label} minus greedy-like SFT, regret@{h} on the same instances: {ds['mean']:.2f} "
-                         f"(95% CI over seeds [{ds['ci95'][0]:.2f}, {ds['ci95'][1]:.2f}]; pooled over seeds x "
-                         f"instances [{dp['ci95'][0]:.2f}, {dp['ci95'][1]:.2f}])")
+                         f"(95% CI over seeds {_fmt_ci(ds)}; by instance, averaged over the seeds, {_fmt_ci(dp)})")
         lines.append("")
     t = result.get("tictactoe")
-    if t and t["rows"]:
+    if t and not t["rows"] and t.get("not_run"):
+        lines += [f"Tic-tac-toe: not run: {', '.join(t['not_run'])}", ""]
+    elif t and t["rows"]:
         lines += ["| row | return vs random (seeds) | 95% CI | win | return vs minimax | 95% CI | invalid |",
                   "|---|---:|---|---:|---:|---|---:|"]
         for label, r in t["rows"].items():
             a, m = r["random"], r["minimax"]
-            lines.append(f"| {label} | {a['return_seeds']['mean']:.3f} | [{a['return_seeds']['ci95'][0]:.3f}, "
-                         f"{a['return_seeds']['ci95'][1]:.3f}] | {a['win']:.2f} | {m['return_seeds']['mean']:.3f} | "
-                         f"[{m['return_seeds']['ci95'][0]:.3f}, {m['return_seeds']['ci95'][1]:.3f}] | "
+            lines.append(f"| {label} | {a['return_seeds']['mean']:.3f} | {_fmt_ci(a['return_seeds'], 3)} | "
+                         f"{a['win']:.2f} | {m['return_seeds']['mean']:.3f} | {_fmt_ci(m['return_seeds'], 3)} | "
                          f"{(a['invalid'] + m['invalid']) / 2:.2f} |")
-        lines.append("")
+        lines += [f"Not run: {', '.join(t['not_run'])}", ""] if t.get("not_run") else [""]
         for label, d in t.get("paired", {}).items():
             lines.append(f"* {label} minus minimax SFT (its start), same opponent seeds: "
-                         + "; ".join(f"vs {opp} {d[opp]['mean']:+.3f} [{d[opp]['ci95'][0]:+.3f}, "
-                                     f"{d[opp]['ci95'][1]:+.3f}]" for opp in ("random", "minimax")))
+                         + "; ".join(f"vs {opp} {d[opp]['mean']:+.3f} {_fmt_ci(d[opp], 3, '+')}"
+                                     for opp in ("random", "minimax")))
         _ttt_plot(t, where / "rlft-tictactoe.png")
     from turnrl.train.core import atomic_write_text
 

@@ -119,7 +119,8 @@ def summary_table(result: dict[str, Any]) -> Any:
         fb = r.get("frequency_bias")
         acts = kd["actions_pct"] if kd else {}
         table.add_row(
-            r["policy"], f"{r['regret']['final']:.1f} [{lo:.1f}, {hi:.1f}]", f"{r['coverage']['final']:.2f}",
+            r["policy"], f"{r['regret']['final']:.1f} " + (f"[{lo:.1f}, {hi:.1f}]" if result["instances"] > 1 else
+                                                            "(one instance: no CI)"), f"{r['coverage']['final']:.2f}",
             f"{kd['rationale_correct_pct']:.0f}%" if kd else "-",
             *(f"{acts[a]:.0f}%" if kd else "-" for a in ("optimal", "greedy", "other")),
             f"{fb['entropy'][0]:.2f}→{fb['entropy'][-1]:.2f}" if fb else "-",

@@ -51,7 +51,7 @@ def _factory(name: str) -> Callable[..., TextEnv]:
         if available is not None and available():
             return getattr(module, cls)
         raise TurnRLError(f"env '{name}' is not available here: {needs}")
-    raise unknown("env", name, [*_REGISTRY, *OPTIONAL])
+    raise unknown("env", name, sorted({*_REGISTRY, *OPTIONAL}))  # an optional env may be registered too
 
 
 def require(name: str) -> None:
