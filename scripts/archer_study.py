@@ -244,7 +244,8 @@ def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img
         res["methods"][method] = {
             "seeds": len(runs), "env_steps": float(np.mean(steps)), "start": m0, "start_ci": ci0, "final": m1,
             "final_ci": ci1, "start_per_seed": start, "final_per_seed": final,
-            "improved_nonoverlapping": bool(ci1[0] > ci0[1]),
+            # one seed gives no interval: no verdict (two points "apart" would read as a shown claim)
+            "improved_nonoverlapping": bool(ci1[0] > ci0[1]) if len(runs) > 1 else None,
             "train_invalid_first": float(np.mean([c[0]["train/invalid"] for c in curves])),
             "train_invalid_last": float(np.mean([c[-1]["train/invalid"] for c in curves])),
         }
@@ -306,9 +307,12 @@ def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img
     lines = ["| method | seeds | env steps | start return [95% CI] | final return [95% CI] | final > start, CIs apart |"
              " train invalid rate first → last iteration |", "|---|---|---|---|---|---|---|"]
     for m, r in res["methods"].items():
-        lines.append(f"| {m} | {r['seeds']} | {r['env_steps']:.0f} | {r['start']:.3f} [{r['start_ci'][0]:.3f}, "
-                     f"{r['start_ci'][1]:.3f}] | {r['final']:.3f} [{r['final_ci'][0]:.3f}, {r['final_ci'][1]:.3f}] | "
-                     f"{'yes' if r['improved_nonoverlapping'] else 'no'} | {r['train_invalid_first']:.2f} → "
+        one = r["seeds"] < 2
+        cis = ["(one seed: no CI)" if one else f"[{c[0]:.3f}, {c[1]:.3f}]" for c in (r["start_ci"], r["final_ci"])]
+        verdict = "n/a (one seed)" if r["improved_nonoverlapping"] is None else \
+            "yes" if r["improved_nonoverlapping"] else "no"
+        lines.append(f"| {m} | {r['seeds']} | {r['env_steps']:.0f} | {r['start']:.3f} {cis[0]} | {r['final']:.3f} "
+                     f"{cis[1]} | {verdict} | {r['train_invalid_first']:.2f} → "
                      f"{r['train_invalid_last']:.2f} |")
     for u in unfinished:
         lines.append(f"\nunfinished: {u['method']} seed {u['seed']}, {u['iterations']} iterations "

@@ -87,14 +87,16 @@ def aggregate(out: Path, seeds: list[int]) -> dict[str, Any]:
         diffs = [a - b for a, b in zip(r["per_seed"], sft["per_seed"], strict=True)]
         d_mean, d_ci = mean_ci95(diffs)
         verdict[m] = {"iteration": last, "mean": r["mean"], "ci95": r["ci95"],
-                      "above_sft_non_overlapping": r["mean"] > sft["mean"] and not overlap(tuple(r["ci95"]),
-                                                                                           tuple(sft["ci95"])),
+                      # one seed gives no interval: no verdict (two points "apart" would read as a shown claim)
+                      "above_sft_non_overlapping": None if len(seeds) < 2 else
+                      r["mean"] > sft["mean"] and not overlap(tuple(r["ci95"]), tuple(sft["ci95"])),
                       "minus_sft_paired": {"mean": d_mean, "ci95": list(d_ci)}}
     result = {"seeds": seeds, "rows": rows, "verdict": verdict}
     (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["| method | iteration | avg reward (seen), mean over seeds | 95% CI | per seed |", "|---|---:|---:|---|---|"]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['iteration']} | {r['mean']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
+        ci = "(one seed: no CI)" if len(seeds) < 2 else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+        lines.append(f"| {r['method']} | {r['iteration']} | {r['mean']:.3f} | {ci} | "
                      + ", ".join(f"{x:.2f}" for x in r["per_seed"]) + " |")
     (out / "study.md").write_text("\n".join(lines) + "\n\n" + json.dumps(verdict, indent=1) + "\n")
     plot(rows, out / "reward_by_iteration.png")
