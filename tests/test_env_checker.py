@@ -214,8 +214,10 @@ def test_a_built_in_env_whose_packages_are_missing_names_what_to_install(monkeyp
     from turnrl.errors import TurnRLError
 
     turnrl.envs.names()  # the built-ins registered
-    for name in ("household", "alfworld"):
+    for name in ("household", "alfworld", "webshop"):
         monkeypatch.delitem(_REGISTRY, name, raising=False)
+    with pytest.raises(TurnRLError, match=r"env 'webshop' is not available here: set TURNRL_WEBSHOP_URL"):
+        make("webshop")  # its module has no available(): it registers when a server is named
     monkeypatch.setattr(turnrl.envs.household, "available", lambda: False)
     hint = r"env 'household' is not available here: pip install 'turnrl\[textworld\]'"
     for build in (lambda: make("household"), lambda: env_defaults("household"), lambda: Household().reset(seed=0)):

@@ -372,9 +372,9 @@ def stage_lock(output: Path, poll: float = 5.0, log: Callable[[str], None] | Non
     owner = os.getpid()
     try:
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.write(fd, str(owner).encode())
         with contextlib.suppress(OSError):  # without it, a reader judges the lock by its pid alone
-            _start_file(lock).write_text(f"{os.getpid()} {_started(os.getpid())}")
+            _start_file(lock).write_text(f"{owner} {_started(owner)}")
         yield
     finally:
         if os.getpid() == owner:  # not in a child forked inside the stage, which left it: the lock is its parent's
