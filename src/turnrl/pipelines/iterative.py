@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from turnrl.errors import TurnRLError, check_output
-from turnrl.train.core import atomic_write_json
+from turnrl.train.core import atomic_write_json, flat_settings
 
 StageFn = Callable[[Path], Any]
 """A stage: receives its output path, writes it, returns a JSON-able result (or None)."""
@@ -126,15 +126,9 @@ def _rebase(value: Any, absolute: tuple[str, str], given: tuple[str, str]) -> An
 FREE_FORM = ("env_opts", "sppo")
 
 
-def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flat(settings: dict[str, Any]) -> dict[str, Any]:
     """``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": 1e-5}`` (lists and :data:`FREE_FORM` dicts stay whole)."""
-    flat: dict[str, Any] = {}
-    for key, value in settings.items():
-        if isinstance(value, dict) and value and key not in FREE_FORM:
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flat_settings(settings, whole=FREE_FORM)
 
 
 def _get(tree: dict[str, Any], key: str) -> Any:

@@ -384,22 +384,24 @@ def config_facts(
     return dict(json.loads(json.dumps(_hashed(cfg, run_config, extra, exempt), default=str)))
 
 
+def flat_settings(tree: dict[str, Any], prefix: str = "", *, whole: Sequence[str] = ()) -> dict[str, Any]:
+    """``{"train": {"lr": 1e-5}}`` -> ``{"train.lr": 1e-5}``; lists, empty dicts and the sections named in
+    ``whole`` stay whole."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key not in whole:
+            flat.update(flat_settings(value, f"{prefix}{key}.", whole=whole))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def config_changes(before: Any, now: dict[str, Any]) -> str:
     """The settings that differ between two :func:`config_facts`, as ``" (train.lr: 0.001, now
     0.0005)"``; ``""`` where ``before`` is not known (a checkpoint written before 30 Nov 2026)."""
     if not isinstance(before, dict):
         return ""
-
-    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            if isinstance(value, dict) and value:
-                out.update(flat(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
-        return out
-
-    old, new = flat(before), flat(json.loads(json.dumps(now, default=str)))
+    old, new = flat_settings(before), flat_settings(json.loads(json.dumps(now, default=str)))
     diff = [k for k in sorted(old.keys() | new.keys()) if old.get(k, "(unset)") != new.get(k, "(unset)")]
     if not diff:
         return ""
