@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -433,3 +434,27 @@ def test_an_error_line_keeps_bracketed_text(tmp_path: Path, capsys) -> None:
     missing = tmp_path / "runs[ray]" / "x[bold].jsonl"
     code, _, err = run(["data", "validate", str(missing)], capsys)
     assert one_line_error(code, err) == f"error: {missing}: no such file"
+
+
+def test_results_table_prints_no_ci_across_fewer_than_two() -> None:
+    """A comparison row over one seed, or an evaluation of one episode, has a zero-width CI, which
+    would read as one that excludes everything: the console table prints "no CI" there."""
+    import io
+
+    from rich.console import Console
+
+    from turnrl.evaluation import results_table
+
+    base = {"policy": "sft", "env": "tictactoe", "split": "seen", "avg_reward": 0.5, "ci95": [0.5, 0.5],
+            "success_rate": 0.5, "avg_turns": 3.0, "invalid_action_rate": 0.0}
+
+    def text(*records: dict[str, Any]) -> str:
+        buf = io.StringIO()
+        Console(file=buf, width=200).print(results_table(list(records)))
+        return buf.getvalue()
+
+    assert "no CI" in text({**base, "episodes": 10, "seeds": 1}) and "[0.500, 0.500]" not in text(
+        {**base, "episodes": 10, "seeds": 1})
+    assert "no CI" in text({**base, "episodes": 1})
+    wide = {**base, "ci95": [0.25, 0.75]}
+    assert "[0.250, 0.750]" in text({**wide, "episodes": 10, "seeds": 3}) and "no CI" not in text({**wide, "episodes": 10})

@@ -472,8 +472,9 @@ def test_eval_temperature_reaches_every_evaluation_but_best_of_n(tmp_path: Path,
     eto.evaluate_model(eto.EtoConfig(**small), "m", tmp_path / "greedy.json", "a")
     eto.evaluate_model(eto.EtoConfig(**small, eval_temperature=0.7), "m", tmp_path / "sampled.json", "b")
     eto.best_of_n(eto.EtoConfig(**small, eval_temperature=0.7), "m", tmp_path / "bon.json", n=2)
+    eto.best_of_n(eto.EtoConfig(**small), "m", tmp_path / "bon1.json", n=1)  # one sample, not the greedy game
     eto.evaluate_model(SPPOConfig(**small, eval_temperature=0.5).eto_view(), "m", tmp_path / "sppo.json", "c")
-    assert seen == [0.0, 0.7, 1.0, 0.5]
+    assert seen == [0.0, 0.7, 1.0, 1.0, 0.5]
     assert json.loads((tmp_path / "sampled.json").read_text())["results"][0]["episodes"] == 2
     with pytest.raises(TurnRLError, match="eval_temperature"):
         load_config(eto.EtoConfig, overrides=["eval_temperature=-1"])
@@ -546,6 +547,12 @@ def test_config_cross_checks() -> None:
     _check(CompareConfig(dmpo_iterations=3, dpo_from_eto=False))
     _check(CompareConfig(dmpo_iterations=2))
     _check(CompareConfig(dmpo_iterations=3, methods=["sft", "eto", "dmpo"], loser_settings=["clean"]))  # no ETO row
+    # a run without eto is refused too: a later `methods=[eto]` on the same out could not give the DPO row
+    with pytest.raises(TurnRLError, match=r"^dmpo_iterations=3: the DPO row is ETO's iteration"):
+        _check(CompareConfig(dmpo_iterations=3, methods=["sft", "dmpo"]))
+    with pytest.raises(TurnRLError, match=r"^dmpo_iterations=3: the DPO row is ETO's iteration"):
+        _check(CompareConfig(dmpo_iterations=3, methods=["loser_length"]))
+    _check(CompareConfig(dmpo_iterations=3, methods=["sft", "dmpo"], dpo_from_eto=False))
     # losers of step and takeover pairs are not cut: truncate_k there would do nothing
     for pairs in ("step", "takeover"):
         with pytest.raises(TurnRLError, match=rf"^truncate_k=0 cuts trajectory pairs' losers; pairs={pairs} trains"):

@@ -38,7 +38,8 @@ def summarize(trajectories: Sequence[Trajectory], *, policy: str, env: str, spli
 
 
 def results_table(results: Sequence[dict[str, Any]], title: str = "Evaluation") -> Any:
-    """A rich table of result records."""
+    """A rich table of result records. The CI is across a record's ``seeds`` (a comparison's rows)
+    or else its ``episodes``; across fewer than two it reads "no CI", not a zero-width interval."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -47,7 +48,8 @@ def results_table(results: Sequence[dict[str, Any]], title: str = "Evaluation") 
     for r in results:
         table.add_row(
             str(r.get("method", r["policy"])), r["env"], r["split"], str(r["episodes"]),
-            f"{r['avg_reward']:.3f}", f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]",
+            f"{r['avg_reward']:.3f}",
+            "no CI" if r.get("seeds", r["episodes"]) < 2 else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]",
             f"{r['success_rate']:.2f}", f"{r['avg_turns']:.1f}", f"{r['invalid_action_rate']:.2f}",
         )
     return table

@@ -261,7 +261,9 @@ def _check(cfg: CompareConfig) -> None:
                                   f"RFT, not preference training: set {key} >= 2")
     from_eto = (("dmpo" in cfg.methods and cfg.pipeline.losers in cfg.loser_settings)
                 or ("loser_length" in cfg.methods and cfg.pipeline.losers == "noisy"))
-    if cfg.dpo_from_eto and "eto" in cfg.methods and from_eto and cfg.dmpo_iterations > cfg.pipeline.iterations:
+    # whether or not this run lists eto: another process on this out may run it, and the settings it pins
+    # (pipeline.iterations, dpo_from_eto) could not be changed afterwards to give the DPO row
+    if cfg.dpo_from_eto and from_eto and cfg.dmpo_iterations > cfg.pipeline.iterations:
         raise TurnRLError(f"dmpo_iterations={cfg.dmpo_iterations}: the DPO row is ETO's iteration of that number, "
                           f"and ETO runs pipeline.iterations={cfg.pipeline.iterations}; raise pipeline.iterations "
                           "or set dpo_from_eto=false")

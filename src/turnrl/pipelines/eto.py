@@ -474,13 +474,14 @@ def evaluate_model(cfg: EtoConfig, model: str, out: Path, label: str, *, n: int 
                    temperature: float | None = None) -> list[dict[str, Any]]:
     """Result records on ``eval_splits`` (``out`` = eval.json; episodes in eval-<split>.jsonl).
 
-    ``n`` > 1 is Best-of-N: ``n`` samples a task, the best by env reward counts."""
+    ``n`` > 1 plays each task ``n`` times and the best game by env reward counts (Best-of-N, which
+    passes ``temperature`` 1); ``temperature`` None is ``cfg.eval_temperature``."""
     from turnrl import envs
     from turnrl.rollout.policies import RandomPolicy
     from turnrl.rollout.sampler import plan_episodes
     from turnrl.train.core import atomic_write_json
 
-    temp = (1.0 if n > 1 else cfg.eval_temperature) if temperature is None else temperature
+    temp = cfg.eval_temperature if temperature is None else temperature
     _seed_torch(cfg.seed, "eval", label)
     policy = RandomPolicy() if model == "random" else _policy(model, cfg, temp)
     env = envs.make(cfg.env, **cfg.env_opts)
@@ -525,8 +526,9 @@ def rft(cfg: EtoConfig, base: str, model: str, experts: Path, explored: list[Tra
 
 
 def best_of_n(cfg: EtoConfig, model: str, out: Path, n: int = 10) -> list[dict[str, Any]]:
-    """Best-of-N evaluation of ``model`` (``out`` = eval.json)."""
-    return evaluate_model(cfg, model, out, f"best-of-{n}", n=n)
+    """Best-of-N evaluation of ``model`` (``out`` = eval.json): ``n`` samples a task at temperature 1
+    (also for ``n`` = 1: one sample, not the greedy game)."""
+    return evaluate_model(cfg, model, out, f"best-of-{n}", n=n, temperature=1.0)
 
 
 # ----------------------------------------------------------------------------- the loop
