@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from turnrl.agent.parsing import parse_action
+from turnrl.agent.parsing import ParsedAction, parse_action
 from turnrl.agent.prompting import PromptConfig, agent_view
 from turnrl.collect import run_policy
 from turnrl.data.io import read_trajectories
@@ -883,6 +883,22 @@ def test_parser_takes_the_last_valid_action() -> None:
     assert not bad.valid and bad.action == "9"
     assert parse_action("no action here", valid) == parse_action("", valid)
     assert parse_action("Action: search[red shoes]", None).action == "search[red shoes]"
+
+
+def test_parser_reads_a_listed_action_as_the_envs_read_it() -> None:
+    """The envs read a command without its end punctuation and with any spacing, so the parser does:
+    a twenty-questions guess without its "?" is the guess, not an invalid reply that a random action
+    replaces; two listed actions that differ only so are told apart as written."""
+    questions = ["Is it an animal?", "Is it a dog?"]
+    assert parse_action("Action: Is it a dog", questions) == ParsedAction("Is it a dog?", True, ("Is it a dog",))
+    assert parse_action("Action: is it  a DOG ?", questions).action == "Is it a dog?"
+    shop = ["click[Buy Now]", "click[< Prev]", "search"]
+    assert parse_action("Action: click[ Buy Now ]", shop).action == "click[Buy Now]"
+    assert parse_action("ACTION=click[ buy now ]", shop).action == "click[Buy Now]"
+    assert not parse_action("Action: click[Buy]", shop).valid
+    both = ["stop", "stop!"]
+    assert parse_action("Action: stop!", both).action == "stop!" and parse_action("Action: Stop", both).action == "stop"
+    assert not parse_action("Action: stop?", both).valid
 
 
 def test_agent_view_windows_history() -> None:

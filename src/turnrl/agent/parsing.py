@@ -14,7 +14,7 @@ env lists none, the rest of the line (free-text commands).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 _REACT = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE)
@@ -67,17 +67,41 @@ def _candidates(text: str, free_text: bool = False) -> list[tuple[int, str]]:
     return _matches(text, (_REACT, _RLFT_LINE if free_text else _RLFT_WORD))
 
 
+_SPACE = re.compile(r"\s+")
+_BRACKET_SPACE = re.compile(r"\s*([\[\]])\s*")
+
+
+def _key(action: str) -> str:
+    """What a written action is matched on: lower case, runs of whitespace as one space and none
+    next to a bracket, and no ``?``/``!``/``.`` at its end, as the envs read a command:
+    "Is it a dog" is "Is it a dog?", and "click[ Buy Now ]" is "click[Buy Now]"."""
+    key = _BRACKET_SPACE.sub(r"\1", _SPACE.sub(" ", action.strip().lower()))
+    return key.rstrip("?!.").rstrip()
+
+
+def _listed_as(valid_actions: Sequence[str]) -> Callable[[str], str | None]:
+    """The listed action a written one names: the one of its lower-case text, else the one of its
+    :func:`_key` where no other listed action has that key (two actions that differ only in case,
+    space or end punctuation are told apart only as written)."""
+    exact = {a.strip().lower(): a for a in valid_actions}
+    by_key: dict[str, set[str]] = {}
+    for a in valid_actions:
+        by_key.setdefault(_key(a), set()).add(a)
+    keyed = {k: next(iter(v)) for k, v in by_key.items() if len(v) == 1}
+    return lambda written: exact.get(written.lower(), keyed.get(_key(written)))
+
+
 def parse_action(text: str, valid_actions: Sequence[str] | None = None) -> ParsedAction:
     """The last valid action in ``text``; ``valid=False`` with the last candidate (or None)."""
     found = _candidates(text, free_text=valid_actions is None)
     cands = [c for _, c in found]
     if valid_actions is None:
         return ParsedAction(cands[-1] if cands else None, bool(cands), tuple(cands))
-    canon = {a.strip().lower(): a for a in valid_actions}
+    listed_as = _listed_as(valid_actions)
     # the written actions that are listed, in order; an ``ACTION=`` line that is listed as a whole
     # ("ACTION=go to shelf 1") goes after its first word
-    listed = [(pos, 0, canon[c.lower()]) for pos, c in found if c.lower() in canon]
-    listed += [(pos, 1, canon[c.lower()]) for pos, c in _matches(text, (_RLFT_LINE,)) if c.lower() in canon]
+    listed = [(pos, 0, a) for pos, c in found if (a := listed_as(c)) is not None]
+    listed += [(pos, 1, a) for pos, c in _matches(text, (_RLFT_LINE,)) if (a := listed_as(c)) is not None]
     if listed:
         return ParsedAction(max(listed)[2], True, tuple(cands))
     return ParsedAction(cands[-1] if cands else None, False, tuple(cands))
