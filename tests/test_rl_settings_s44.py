@@ -296,3 +296,19 @@ def test_ppo_refuses_up_front_what_failed_or_did_nothing_after_a_rollout() -> No
         _check(_ppo_cfg(epsilon=1.0), "bandit")
     _check(_ppo_cfg(epsilon=0.99), "bandit")
     _check(_ppo_cfg(), "bandit")
+
+
+def test_archer_refuses_a_run_whose_actor_is_never_updated() -> None:
+    """With warmup_iterations >= iterations (the default warm-up is 5) or actor_steps=0 the actor never
+    trains: the run would finish with exit 0 and write its start as the trained model."""
+    from turnrl.train.archer import OnlineConfig, check_online_config
+
+    def cfg(*extra: str) -> OnlineConfig:
+        return load_config(OnlineConfig, None, [*ONLINE, *extra])
+
+    with pytest.raises(TurnRLError, match=r"^archer: warmup_iterations=5 >= iterations=3: the actor would never"):
+        check_online_config(cfg("iterations=3", "warmup_iterations=5"), "archer")
+    with pytest.raises(TurnRLError, match=r"^archer: actor_steps=0: the actor would never be updated"):
+        check_online_config(cfg("iterations=3", "warmup_iterations=1", "actor_steps=0"), "archer")
+    check_online_config(cfg("iterations=3", "warmup_iterations=2"), "archer")
+    check_online_config(cfg("iterations=3", "warmup_iterations=5"), "chai")  # CHAI's actor is frozen anyway

@@ -270,6 +270,11 @@ def check_online_config(cfg: OnlineConfig, algo: str | None = None) -> None:
                 raise TurnRLError(f"archer: sampling.{key}={value:g}: the actor's update takes log pi at temperature "
                                   "1 of replies sampled with these settings, so any other would bias it; leave it at 1 "
                                   "(eval_temperature sets the evaluation's)")
+        if cfg.actor_steps == 0 or cfg.warmup_iterations >= cfg.iterations:
+            why = ("actor_steps=0" if cfg.actor_steps == 0 else
+                   f"warmup_iterations={cfg.warmup_iterations} >= iterations={cfg.iterations}")
+            raise TurnRLError(f"archer: {why}: the actor would never be updated and the run would write its start; "
+                              "lower warmup_iterations or raise iterations (or train the critic alone with chai)")
     unread = unread_settings(cfg, algo)
     if unread:
         raise TurnRLError(f"{algo} does not read {', '.join(unread)}; leave {'it' if len(unread) == 1 else 'them'} "
