@@ -329,6 +329,25 @@ def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img
     return res
 
 
+STUDY_FILE = "study.json"
+
+
+def check_study(out: Path, settings: dict) -> None:
+    """Refuse, in one line, to go on in ``out`` with other settings than it was made with: a finished
+    run is reused as it is, so a later ``--iterations 40`` would tabulate an 8-iteration run as 40.
+    ``--seeds`` and ``--methods`` may change (more runs in one study). The first run records them."""
+    path = out / STUDY_FILE
+    if path.is_file():
+        made = json.loads(path.read_text())
+        changed = [f"--{k.replace('_', '-')} {made[k]}, now {v}" for k, v in settings.items()
+                   if k in made and made[k] != v]
+        if changed:
+            raise SystemExit(f"error: {out} was made with other settings ({'; '.join(changed)}): its finished runs "
+                             "would be read as this study's; use another --out")
+        return
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", choices=sorted(ENVS), default="tictactoe")
@@ -349,6 +368,8 @@ def main() -> None:
     if args.report_only:
         report(setup, args.out, args.methods, args.seeds, args.img)
         return
+    check_study(args.out, {"env": args.env, "iterations": args.iterations, "eval_episodes": args.eval_episodes,
+                           "demos": args.demos, "sft_epochs": args.sft_epochs})
     model = start_policy(setup, args.out, args.demos, args.sft_epochs)
     jobs = [(m, s) for m in args.methods for s in args.seeds]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

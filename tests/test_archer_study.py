@@ -53,3 +53,14 @@ def test_env_setups_give_each_trainer_its_prompt(study):
     assert "prompt.history=null" in q20.common() and not any(x.startswith("env_opts.") for x in q20.common())
     assert "history=null" in q20.ppo() and "max_new_tokens=48" in q20.ppo()
     assert q20.prompt().history is None and q20.prompt().invalid_penalty == -1
+
+
+def test_a_study_folder_refuses_other_settings(study, tmp_path):
+    """Finished runs are reused as they are: a study folder made with --iterations 8 is refused for 40
+    (its runs would be tabulated as the new budget); seeds and methods are free."""
+    made = {"env": "tictactoe", "iterations": 8, "eval_episodes": 100, "demos": 100, "sft_epochs": 3.0}
+    study.check_study(tmp_path, made)
+    study.check_study(tmp_path, dict(made))  # the same settings: go on
+    with pytest.raises(SystemExit, match=r"was made with other settings \(--iterations 8, now 40\)"):
+        study.check_study(tmp_path, {**made, "iterations": 40})
+    assert json.loads((tmp_path / "study.json").read_text())["iterations"] == 8
