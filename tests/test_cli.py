@@ -458,3 +458,15 @@ def test_results_table_prints_no_ci_across_fewer_than_two() -> None:
     assert "no CI" in text({**base, "episodes": 1})
     wide = {**base, "ci95": [0.25, 0.75]}
     assert "[0.250, 0.750]" in text({**wide, "episodes": 10, "seeds": 3}) and "no CI" not in text({**wide, "episodes": 10})
+
+
+def test_collect_refuses_a_policy_that_cannot_play_the_env_before_writing(tmp_path: Path, capsys) -> None:
+    """A bandit algorithm on tic-tac-toe, or random on free-text twenty questions: one line and no
+    output file (it was left empty, as if a collection had begun)."""
+    for env, policy, opts, what in (("tictactoe", "ucb", [], "bandit policy 'ucb' needs a bandit env"),
+                                    ("twenty_questions", "random", ["--env-opt", "free_text=true"],
+                                     "lists no actions on two turns running")):
+        out = tmp_path / f"{env}.jsonl"
+        code, _, err = run(["collect", "--env", env, "--policy", policy, "--episodes", "2", *opts,
+                            "--out", str(out)], capsys)
+        assert what in one_line_error(code, err) and not out.exists()

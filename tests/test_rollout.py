@@ -1084,3 +1084,31 @@ def test_an_action_line_listed_whole_is_read_after_action_equals() -> None:
     colors = ["blue", "green"]
     assert parse_action("ACTION=blue, the best so far", colors).action == "blue"
     assert parse_action("ACTION=blue\nACTION=green.", colors).action == "green"
+
+
+def test_random_policy_refuses_an_env_of_free_text_commands(tmp_path) -> None:
+    """Where an env lists no actions on two turns running (free-text twenty questions), "random" would
+    play the expert's actions under its own name: refused before any episode (no file) and, for a
+    sampler run directly, on the second such turn. The shop's search page alone is filled in."""
+    from turnrl import envs
+    from turnrl.errors import TurnRLError
+    from turnrl.rollout import Sampler
+    from turnrl.rollout.sampler import plan_episodes
+
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(TurnRLError, match=r"^policy random: env twenty_questions lists no actions on two turns"):
+        run_policy(RandomPolicy(), "twenty_questions", split="seen", episodes=2, env_opts={"free_text": True}, out=out)
+    assert not out.exists()
+    env = envs.make("twenty_questions", free_text=True)
+    specs = plan_episodes(env, "seen", 2, 0)
+    sampler = Sampler(lambda: envs.make("twenty_questions", free_text=True), RandomPolicy(),
+                      env_name="twenty_questions", num_envs=2)
+    try:
+        with pytest.raises(TurnRLError, match="lists no actions on two turns running"):
+            sampler.run(specs)
+    finally:
+        sampler.close()
+    shop = run_policy(RandomPolicy(), "shop", split="seen", episodes=6)
+    assert all(t.messages[2].content.endswith("]") for t in shop)  # its first turn: the expert's search
+    listed = run_policy(RandomPolicy(), "twenty_questions", split="seen", episodes=6)
+    assert sum(t.success for t in listed) < 6  # drawn from the list: not the expert, who always wins

@@ -85,6 +85,9 @@ def run_policy(
             raise TurnRLError(f"unknown split '{split}'; choose from: train, seen, unseen")
         if specs is None:
             specs = plan_episodes(probe, split, episodes, seed)
+        check_env = getattr(policy, "check_env", None)  # a policy that cannot play this env: before any file
+        if check_env is not None:
+            check_env(probe)
     finally:
         probe.close()
     src = source or ("expert" if policy.name == "expert" else "policy")

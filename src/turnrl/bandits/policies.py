@@ -60,6 +60,10 @@ class ScriptedBanditPolicy:
             self._agents[key] = ScriptedAgent(make_algorithm(with_env_c(self.spec, key[0], contextual=key[1])))
         return self._agents[key]
 
+    def check_env(self, env: Any) -> None:
+        """One line, before any episode, where ``env`` is no bandit env."""
+        bandit_env(env, f"bandit policy '{self.name}'")
+
     def act(self, requests: Sequence[Request]) -> list[Reply]:
         self.last = []
         out = []

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from turnrl.agent.prompting import agent_view, format_turn
 from turnrl.data.schema import Message
 from turnrl.envs.base import TextEnv
+from turnrl.errors import TurnRLError
 from turnrl.rollout.engine import Engine, SamplingConfig
 from turnrl.tokenization import ChatFormat
 
@@ -64,17 +65,45 @@ class ExpertPolicy:
 
 
 class RandomPolicy:
-    """A uniformly random valid action (where the env lists them)."""
+    """A uniformly random valid action where the env lists them. On a state that lists none (the
+    shop's search page, whose next page lists clicks) it plays the expert's action; an env that
+    lists none on two turns running takes free-text commands, and there a "random" policy would
+    be the expert under another name: it is refused (:meth:`check_env` before any episode, and
+    :meth:`act` on the second such turn of an episode)."""
 
     name = "random"
+
+    def __init__(self) -> None:
+        self._unlisted: dict[Any, int] = {}  # an episode's last turn without a list
+
+    @staticmethod
+    def _refuse(env: Any) -> TurnRLError:
+        name = getattr(env, "name", None) or type(env).__name__
+        return TurnRLError(f"policy random: env {name} lists no actions on two turns running (free-text commands): "
+                           "there is nothing to draw from, and filling in the expert's actions would report the "
+                           "expert as random; use a model or the expert")
+
+    def check_env(self, env: Any, seed: int = 0) -> None:
+        """One line before any episode where ``env`` lists no actions on its first two turns."""
+        env.reset(seed=seed)
+        if env.valid_actions() is not None:
+            return
+        _, _, terminated, truncated, _ = env.step(env.expert(random.Random(seed)).action)
+        if not (terminated or truncated) and env.valid_actions() is None:
+            raise self._refuse(env)
 
     def act(self, requests: Sequence[Request]) -> list[Reply]:
         out = []
         for r in requests:
+            episode = r.key if r.key is not None else id(r.env)
             if r.valid_actions:
+                self._unlisted.pop(episode, None)
                 action = r.rng.choice(r.valid_actions)
             else:
-                action = r.env.expert(r.rng).action  # no action list: nothing else to draw from
+                if self._unlisted.get(episode) == r.turn - 1:
+                    raise self._refuse(r.env)
+                self._unlisted[episode] = r.turn
+                action = r.env.expert(r.rng).action  # no action list here: nothing else to draw from
             out.append(Reply(format_turn(f"I pick {action} at random.", action)))
         return out
 
@@ -181,8 +210,6 @@ def load_policy(spec: str, *, sampling: SamplingConfig | None = None, history: i
 
     if engine == "vllm":
         if device is not None:  # only the hf engine reads it: vLLM would run on its own default GPU
-            from turnrl.errors import TurnRLError
-
             raise TurnRLError(f"device={device} is read by engine=hf only; engine=vllm places the model itself "
                               "(choose its GPUs with CUDA_VISIBLE_DEVICES)")
         import_vllm()  # a missing install fails before anything loads
@@ -211,7 +238,6 @@ def _check_not_a_typo(spec: str) -> None:
     (``exper``): one line now instead of a minute of hub retries. Other plain names (``gpt2``)
     stay hub ids."""
     from turnrl.bandits.algorithms import ALGORITHMS, ALIASES
-    from turnrl.errors import TurnRLError
     from turnrl.models.loading import TINY
 
     if "/" in spec or os.sep in spec or Path(spec).expanduser().exists():
