@@ -223,3 +223,25 @@ def test_a_paraphrase_with_a_words_of_an_alias_is_still_one_question(secret: str
     env.reset(options={"task_id": secret})
     obs, _, _, _, info = env.step(question)
     assert obs.split(".")[0] in ("Yes", "No") and not info["invalid"], obs
+
+
+def test_hidden_candidates_stay_hidden_after_an_invalid_reply() -> None:
+    """With show_candidates=false, the error observation of an invalid reply lists the questions and the
+    guess's form, not one guess per candidate (which named the secret among them)."""
+    from turnrl.agent.prompting import PromptConfig
+    from turnrl.collect import run_policy
+    from turnrl.rollout.policies import Reply
+
+    class Nonsense:
+        name = "nonsense"
+
+        def act(self, requests):
+            return [Reply("Thought: hm.\nAction: what is it") for _ in requests]
+
+    for shown in (False, True):
+        (t,) = run_policy(Nonsense(), "twenty_questions", split="seen", episodes=1,
+                          env_opts={"show_candidates": shown}, prompt=PromptConfig(invalid_action="error"))
+        error = t.messages[3].content
+        assert error.startswith("Invalid action: 'what is it'. Valid actions: Is it an animal?")
+        assert ("Is it a <object>?" in error) is not shown
+        assert (f"is it a {t.task_id.removeprefix('20q-').replace('_', ' ')}?" in error.lower()) is shown

@@ -6,7 +6,8 @@ A :class:`TextEnv` is Gymnasium-shaped, text in and text out::
     obs, reward, terminated, truncated, info = env.step("4")
 
 ``info`` carries at least ``task_id``; ``valid_actions`` (a list of strings) where the env
-can enumerate its actions; and ``won``/``success`` at the end of an episode. Each env
+can enumerate its actions (``shown_actions``, where given, is what an invalid reply is shown
+instead: a list that would give the task away); and ``won``/``success`` at the end of an episode. Each env
 names its task ``instruction`` (what the agent must achieve), its task ``splits``
 (``train``, ``seen`` = held-out tasks of the training distribution, ``unseen`` =
 out-of-distribution tasks) and an ``expert`` that acts with a short templated rationale.

@@ -34,12 +34,19 @@ search page) changes nothing and returns the page again with an ``Invalid action
 
 Reward, given only at ``click[Buy Now]`` (which ends the episode), is WebShop's
 ``get_reward``: ``r_type x (attribute matches + option matches + [price <= price_upper]) /
-(goal attributes + goal options + 1)``, with the same matching rules (attributes by fuzzy
-token-set match against the product's attributes or as text in its title, features or
-description; ``size`` options exactly, others fuzzily or as text; ``r_type`` from query,
-category and title-noun overlap). Two departures, both because the catalogue is
-generated: the title nouns are the product type's words plus the brand (WebShop tags them
-with spaCy), and fuzzy matching uses :mod:`difflib` ratios in place of Levenshtein ratios.
+(goal attributes + goal options + 1)``, with WebShop's rules for attributes (fuzzy token-set
+match against the product's attributes, or as text in its title, features or description)
+and ``r_type`` (query, category and title-noun overlap). Departures:
+
+- the title nouns are the product type's words plus the brand (WebShop tags them with spaCy),
+  and fuzzy matching uses :mod:`difflib` ratios in place of Levenshtein ratios, both because
+  the catalogue is generated;
+- options: each chosen value counts when it is a requested ``size`` exactly, or (other options)
+  fuzzily matches a requested value, or occurs in the title, features or description. WebShop
+  counts each requested option that any chosen one fuzzily matches (token-set ratio > 85, after
+  reducing colours to a base colour), with no exact rule for sizes and no text fallback for
+  options. So here a wrong size earns nothing (WebShop credits ``12 fl oz`` for ``16 fl oz``,
+  ratio 87.5): a stricter reward for the same choices, which never credits a wrong value.
 ``success`` means reward 1.0, as WebShop counts it. Episodes are truncated after
 ``max_turns`` (15) agent turns.
 

@@ -339,6 +339,8 @@ class QAGame(TextEnv):
         acts = self.valid_actions()
         if acts is not None:
             info["valid_actions"] = acts
+            if not self.show_candidates and acts:  # what an invalid reply is told: not one guess per candidate
+                info["shown_actions"] = [q.text for q in self.questions] + [f"Is it a <{self.noun}>?"]
         if kind is not None:
             info.update(kind=kind, question=question, invalid=invalid)
         return info

@@ -270,7 +270,9 @@ class Sampler:
             slot.rewards.append(penalty)
             slot.expected.append(penalty)
             slot.arms.append(None)
-            shown = ", ".join(valid_actions) if valid_actions else "see the instruction"
+            # an env may list less than it accepts (twenty questions without its candidates shown)
+            listed = slot.info.get("shown_actions", valid_actions)
+            shown = ", ".join(listed) if listed else "see the instruction"
             # the state is unchanged: repeat it, so that an agent that sees no history still sees it
             obs = f"Invalid action: {parsed.action!r}. Valid actions: {shown}. Nothing changed:\n{slot.obs}"
         else:
