@@ -333,6 +333,9 @@ def test_diagnose_checks_every_policy_before_any_work(tmp_path: Path, capsys, mo
     code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--policy", "tiny", "--temperature", "inf",
                         "--out", str(out)], capsys)
     assert "--temperature inf: must be a finite number >= 0" in one_line_error(code, err)
+    code, _, err = run(["diagnose", "bandit", "--policy", "ucb", "--policy", "tiny", "--device", "foo",
+                        "--out", str(out)], capsys)
+    assert "device 'foo': not a device torch knows" in one_line_error(code, err)
     assert not out.exists()
 
 

@@ -59,7 +59,7 @@ def diagnose_bandit(
     from turnrl.diagnostics.bandit import DiagnoseConfig, diagnose
 
     models = _check_policies(policy)
-    _check_model_options(ctx, models, temperature, max_new_tokens)
+    _check_model_options(ctx, models, temperature, max_new_tokens, device)
     cfg = DiagnoseConfig(
         env=env, env_opts=parse_overrides(env_opt, what="--env-opt"), instances=instances, split=split, seed=seed,
         runs=runs, num_envs=num_envs, temperature=temperature, max_new_tokens=max_new_tokens, aids=list(aid or []),
@@ -96,12 +96,18 @@ def _check_policies(specs: list[str]) -> list[str]:
 MODEL_OPTIONS = ("temperature", "max_new_tokens", "device", "fb_rationale")
 
 
-def _check_model_options(ctx: typer.Context, models: list[str], temperature: float, max_new_tokens: int) -> None:
-    """Before any work: the sampling settings' values (else checked when the first model loads, after the
-    scripted policies before it had run), and a model-only option given with no model policy (ignored)."""
+def _check_model_options(ctx: typer.Context, models: list[str], temperature: float, max_new_tokens: int,
+                         device: str | None = None) -> None:
+    """Before any work: the sampling settings' values and the device (else checked when the first model
+    loads, after the scripted policies before it had run), and a model-only option given with no model
+    policy (ignored)."""
     sampling_options(temperature, max_new_tokens)
     if not models:
         refuse_model_options(ctx, MODEL_OPTIONS, "every --policy is scripted")
+    elif device is not None:
+        from turnrl.devices import check_device
+
+        check_device(device)
 
 
 def summary_table(result: dict[str, Any]) -> Any:
