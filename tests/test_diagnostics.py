@@ -430,3 +430,21 @@ def test_scorer_scores_the_reply_as_the_model_writes_it_after_a_spaced_template(
         scores.append(sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont)))
     want = np.exp(np.array(scores) - max(scores))
     assert np.allclose(scorer([ctx])[0], want / want.sum(), atol=1e-4)
+
+
+def test_frequency_bias_prompts_state_the_horizon_the_model_played(tiny_model, tiny_tokenizer) -> None:
+    """A context shorter than the played horizon is shown with it ("Step 4 of 12", the instruction's 12
+    steps); only a context that long or longer gets a horizon of one step more than itself. Before, every
+    context said 11 + fb_max_repeats (111 steps), a number a model trained at 12 never saw."""
+    env = envs.make("bandit", arms=3, horizon=12)
+    scorer = ModelScorer(tiny_model, tiny_tokenizer, env,
+                         env_at=lambda h: envs.make("bandit", arms=3, horizon=h))
+
+    def text(n: int) -> str:
+        return scorer.chat.tokenizer.decode(scorer.prompt([(0, 0.5)] * n))
+
+    assert "Step 4 of 12." in text(3) and "12" in env.instruction and "12" in text(3).split("Step")[0]
+    long = text(30)
+    assert "Step 31 of 31." in long and "All 12 steps are done" not in long
+    plain = ModelScorer(tiny_model, tiny_tokenizer, env)  # no env_at: the played env for every context
+    assert "All 12 steps are done" in plain.chat.tokenizer.decode(plain.prompt([(0, 0.5)] * 30))

@@ -367,7 +367,8 @@ class ModelScorer:
     """
 
     def __init__(self, model: Any, tokenizer: Any, env: Any, *, template: str = "ACTION={action}",
-                 horizon: int | None = None, engine: Any = None, max_new_tokens: int = 192):
+                 horizon: int | None = None, engine: Any = None, max_new_tokens: int = 192,
+                 env_at: Callable[[int], Any] | None = None):
         from turnrl.tokenization import ChatFormat
 
         if template.count("{action}") != 1:
@@ -377,6 +378,10 @@ class ModelScorer:
         self.env = env
         self.template = template
         self.horizon = horizon or env.horizon
+        #: the env of a longer horizon, for a context of as many steps or more (None: ``env`` for every
+        #: context, whose prompt then says that every step is done)
+        self.env_at = env_at
+        self._envs: dict[int, Any] = {}
         self.engine = engine
         self.max_new_tokens = max_new_tokens
         pad = tokenizer.pad_token_id
@@ -389,8 +394,12 @@ class ModelScorer:
     def prompt(self, history: Sequence[tuple[int, float]]) -> list[int]:
         from turnrl.data.schema import Message
 
-        obs = self.env.render_history(list(history), self.env.labels, horizon=self.horizon, context=None)
-        return self.chat.prompt_ids([Message("system", self.env.instruction), Message("user", obs)])
+        env, horizon = self.env, self.horizon
+        if self.env_at is not None and len(history) >= horizon:  # the context's next step must be one to play
+            horizon = len(history) + 1
+            env = self._envs.get(horizon) or self._envs.setdefault(horizon, self.env_at(horizon))
+        obs = env.render_history(list(history), env.labels, horizon=horizon, context=None)
+        return self.chat.prompt_ids([Message("system", env.instruction), Message("user", obs)])
 
     def _rationales(self, prompts: list[list[int]], marker: str) -> list[list[int]]:
         """Greedy replies, cut just after ``marker`` (or with ``marker`` appended)."""
@@ -596,10 +605,14 @@ def diagnose(policies: Sequence[str], out: str | Path, cfg: DiagnoseConfig | Non
                            num_envs=cfg.num_envs, label=label)
             engine = getattr(base, "engine", None)
             if engine is not None:
-                sweep_env = envs.make(cfg.env, **{**opts, "horizon": 11 + cfg.fb_max_repeats})
-                fb_scorer = ModelScorer(engine.model, engine.tokenizer, sweep_env, template=cfg.fb_template,
-                                        engine=engine if cfg.fb_rationale else None,
-                                        max_new_tokens=cfg.max_new_tokens)
+                # each context is shown as the model played: its instruction and "Step t of H" say the
+                # played horizon, unless the context is that long (then one step more than the context)
+                def env_at(h: int, opts: dict[str, Any] = opts) -> Any:
+                    return envs.make(cfg.env, **{**opts, "horizon": h})
+
+                fb_scorer = ModelScorer(engine.model, engine.tokenizer, envs.make(cfg.env, **opts),
+                                        template=cfg.fb_template, engine=engine if cfg.fb_rationale else None,
+                                        max_new_tokens=cfg.max_new_tokens, env_at=env_at)
         runs_by_label[label] = pr
         rec: dict[str, Any] = {"policy": label, "kind": pr.kind, "runs": pr.runs, **pr.extra,
                                "regret": regret_summary(pr), "coverage": coverage_summary(pr)}
