@@ -112,6 +112,17 @@ def test_train_sft_errors(tmp_path: Path, tiny_dir: Path, capsys) -> None:
                         str(tmp_path / "o"), "--config", str(cfg)], capsys)
     line = one_line_error(code, err)
     assert str(cfg) in line and "batch_sise" in line and "did you mean 'batch_size'" in line
+    # nothing to train: the keys this command takes (not the pipelines' "train."), before anything loads
+    code, _, err = run(["train", "sft", "--model", str(tmp_path / "missing"), "--data", str(data), "--out",
+                        str(tmp_path / "o"), "epochs=0"], capsys)
+    assert one_line_error(code, err).endswith("epochs=0 and max_steps=0: nothing would be trained; set epochs > 0 "
+                                              "or max_steps > 0")
+    # turns past max_length are left out: said on the console, not only in data_stats.json
+    code, out, _ = run(["train", "sft", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "cut"),
+                        "max_steps=1", "max_length=300"], capsys)
+    stats = json.loads((tmp_path / "cut" / "data_stats.json").read_text())
+    assert code == 0 and stats["dropped_turns"] > 0
+    assert f"note: max_length=300 left out {stats['dropped_turns']} agent turn(s)" in " ".join(out.split())
 
 
 def test_import_eto(tmp_path: Path, capsys) -> None:

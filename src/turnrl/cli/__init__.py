@@ -312,8 +312,15 @@ def train_sft_cmd(
     from turnrl.train.sft import SFTConfig, train_sft
 
     cfg = load_config(SFTConfig, config, overrides)
+    cfg.check_budget()
     result = train_sft(model, data, out, cfg, resume=resume)
     console.print(f"SFT finished: {result.steps} steps, final loss {result.final_loss:.4f}; model in {result.model_dir}")
+    stats_file = out / "data_stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    if stats.get("dropped_turns") or stats.get("skipped_too_long"):  # documented, but easy to miss in a file
+        console.print(f"[yellow]note: max_length={cfg.max_length} left out {stats.get('dropped_turns', 0)} agent "
+                      f"turn(s) past it and {stats.get('skipped_too_long', 0)} example(s) whose first turn did not "
+                      f"fit ({stats_file})[/yellow]", highlight=False)
 
 
 def _preference_command(loss: str) -> None:

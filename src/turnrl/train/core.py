@@ -177,6 +177,13 @@ class TrainConfig(Config):
                                      "row_tokens"), Range(1)),
                     "warmup_ratio": Range(0, 1), "momentum": Range(0, 1, hi_open=True)}
 
+    def check_budget(self) -> None:
+        """One line where nothing would be trained: ``epochs=0`` with ``max_steps=0`` (called before
+        the data and the model load)."""
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise TurnRLError(f"epochs={self.epochs:g} and max_steps=0: nothing would be trained; set epochs > 0 "
+                              "or max_steps > 0")
+
     @field_validator("mixed_precision", mode="before")
     @classmethod
     def _yaml_no(cls, v: Any) -> Any:
@@ -592,8 +599,7 @@ class Trainer:
     ):
         if len(dataset) == 0:
             raise TurnRLError("training data is empty: nothing to train on")
-        if cfg.max_steps <= 0 and cfg.epochs <= 0:
-            raise TurnRLError(f"train.epochs must be > 0 when train.max_steps is 0 (got {cfg.epochs})")
+        cfg.check_budget()
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.dataset = dataset
