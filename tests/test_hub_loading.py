@@ -4,6 +4,7 @@ and the shipped hub-model configs (LoRA, bf16, gradient checkpointing)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -267,3 +268,59 @@ def test_the_trainers_stop_ids_are_the_samplers_without_a_generation_config(tiny
     sampler_stops = set(load_policy(str(bare)).chat.stop_token_ids)
     assert 0 in sampler_stops
     assert set(training_chat(str(bare), load_tokenizer(bare)).stop_token_ids) == sampler_stops
+
+
+def test_a_folder_missing_tensors_or_with_a_broken_generation_config_is_refused(tiny_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    """transformers fills tensors a weight file lacks with random values and drops a broken
+    generation_config.json (and the stop ids it names), each with a warning the CLI silences: a run
+    then went on with random weights or other stop ids and exit 0. Both are one line now."""
+    from safetensors.torch import load_file, save_file
+
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_model
+
+    bad = tmp_path / "missing"
+    shutil.copytree(tiny_dir, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    key = next(k for k in sorted(tensors) if "q_proj" in k)
+    del tensors[key]
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(TurnRLError, match=rf"^cannot load model '{bad}': its weight files lack 1 tensor\(s\) "
+                                          rf"\({re.escape(key)}\), which would start random"):
+        load_model(bad)
+    broken = tmp_path / "genconfig"
+    shutil.copytree(tiny_dir, broken)
+    (broken / "generation_config.json").write_text("{")
+    with pytest.raises(TurnRLError, match=r"generation_config.json: not valid JSON"):
+        load_model(broken)
+    load_model(tiny_dir)  # a whole folder loads
+
+
+def test_tiny_is_refused_where_a_tiny_folder_is_too(tiny_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--model tiny` is the embedded model; with a ./tiny here (`turnrl model init-tiny --out tiny` with
+    another preset, or a pipeline's OUT/tiny) it silently passed the folder over."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import check_model_name, load_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    with pytest.raises(TurnRLError, match=r"^model: 'tiny' names the embedded model, and there is a ./tiny here"):
+        check_model_name("tiny")
+    with pytest.raises(TurnRLError, match=r"write ./tiny for that folder"):
+        load_tokenizer("tiny")
+
+
+def test_a_tokenizer_error_keeps_its_whole_message(tiny_dir: Path, tmp_path: Path) -> None:
+    """A folder without tokenizer.json gave "Couldn't instantiate the backend tokenizer from one of: "
+    and nothing after it (only the first line of the message was kept)."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_tokenizer
+
+    bad = tmp_path / "notok"
+    shutil.copytree(tiny_dir, bad)
+    (bad / "tokenizer.json").unlink()
+    with pytest.raises(TurnRLError) as e:
+        load_tokenizer(bad)
+    assert "\n" not in str(e.value) and not str(e.value).rstrip().endswith(":")

@@ -178,7 +178,12 @@ def check_model_name(name: str | Path, key: str = "model") -> None:
     """Fail early (one line naming ``key``) when ``name`` is a local path but no model folder, or,
     offline (``HF_HUB_OFFLINE``), a hub id that is not in the hub cache; ``tiny`` and other hub ids
     pass (they are resolved when loaded: checking one here would cost the hub's retries twice)."""
-    if str(name) != TINY:
+    if str(name) == TINY:
+        try:
+            _check_tiny_unambiguous()
+        except TurnRLError as e:
+            raise TurnRLError(f"{key}: {e}") from None
+    else:
         try:
             local = _local_dir(str(name))
         except TurnRLError as e:
@@ -198,9 +203,33 @@ def resolve_model_path(name: str | Path) -> str:
     if text == TINY:
         from turnrl.models.tiny import ensure_tiny
 
+        _check_tiny_unambiguous()
         return str(ensure_tiny())
     p = _local_dir(text)
     return text if p is None else str(p)
+
+
+def _check_tiny_unambiguous() -> None:
+    """``tiny`` names the embedded model; a ``./tiny`` here (``turnrl model init-tiny --out tiny``, a
+    pipeline's ``OUT/tiny`` when run from OUT) would be silently passed over for it: one line instead."""
+    if Path(TINY).exists():
+        raise TurnRLError(f"'{TINY}' names the embedded model, and there is a ./{TINY} here too: write ./{TINY} for "
+                          "that folder, or run from another folder for the embedded model")
+
+
+def _load_hint(name: str | Path) -> str:
+    """What a failed load adds: where an offline hub id was looked for, or for a hub id with the hub
+    online, that a machine without network fails only after the hub's retries."""
+    hint = _hub_hint(name)
+    if hint or str(name) == TINY or _looks_local(str(name), Path(str(name)).expanduser()):
+        return hint
+    return f" (hub id '{name}': without network this fails after the hub's retries; set HF_HUB_OFFLINE=1 to fail at once)"
+
+
+def _message(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (its lines joined by "; "), cut at ``limit`` characters."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _hub_hint(name: str | Path) -> str:
@@ -221,7 +250,7 @@ def load_tokenizer(name: str | Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except _config_errors() as e:
-        raise TurnRLError(f"cannot load tokenizer '{name}': {str(e).splitlines()[0]}{_hub_hint(name)}") from None
+        raise TurnRLError(f"cannot load tokenizer '{name}': {_message(e)}{_load_hint(name)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
     return tok
@@ -282,18 +311,31 @@ def load_model(name: str | Path, *, dtype: str = "auto", device: str | None = No
         torch_dtype = dtypes[dtype]
     from safetensors import SafetensorError
 
+    gen = Path(path) / "generation_config.json"
+    if gen.is_file():  # transformers drops a broken one with a warning, and with it the stop ids it names
+        try:
+            json.loads(gen.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TurnRLError(f"cannot load model '{name}': {gen}: not valid JSON ({_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, output_loading_info=True)
+        model, info = loaded
     except _config_errors() as e:
-        raise TurnRLError(f"cannot load model '{name}': {_first_line(e)}{_hub_hint(name)}") from None
+        raise TurnRLError(f"cannot load model '{name}': {_first_line(e)}{_load_hint(name)}") from None
     except (SafetensorError, RuntimeError) as e:  # a cut weight file; a config.json the weights do not fit
         if isinstance(e, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):  # torch < 2.5: cuda's
             raise
         raise TurnRLError(f"cannot load model '{name}': {_first_line(e)} (is the folder complete?)") from None
+    # transformers fills weights the files lack with random values and only warns (which the CLI silences)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise TurnRLError(f"cannot load model '{name}': its weight files lack {len(missing)} tensor(s) ({shown}), "
+                          "which would start random; is the folder complete?")
     if device is not None:
         from turnrl.devices import check_device
 
-        model.to(check_device(device))  # type: ignore[arg-type]
+        model.to(check_device(device))
     return model
 
 
