@@ -511,6 +511,30 @@ def test_pair_builders_refuse_games_of_two_envs() -> None:
     assert len(trajectory_pairs([expert], [make_traj(0, success=False, env="unknown")])) == 1  # an import's default
 
 
+def test_pair_builders_refuse_games_of_two_env_settings() -> None:
+    """An expert's draws against minimax and the agent's games against the random opponent share task
+    ids: paired, the agent's wins were "preferred" to the expert's draws. Options are compared with the
+    env's defaults filled in; a game that records none matches any."""
+    from dataclasses import replace
+
+    from turnrl.data.pairs import self_play_pairs, takeover_pairs, trajectory_pairs
+
+    def played(opts: dict[str, Any] | None, **kw: Any) -> Trajectory:
+        t = make_traj(0, **kw)
+        return replace(t, meta={**t.meta, **({} if opts is None else {"env_opts": opts})})
+
+    expert, agent = played({"opponent": "minimax"}), played({}, success=False)
+    for build in (trajectory_pairs, lambda e, x: takeover_pairs(e, x, [])):
+        with pytest.raises(TurnRLError, match=r"^the trajectories were played under 2 settings of the env's options "
+                                              r'\(\{"opponent": "minimax"\}; \{\}\)'):
+            build([expert], [agent])
+    with pytest.raises(TurnRLError, match="2 settings"):
+        self_play_pairs([expert, agent])
+    same = played({"opponent": "random"})  # the default, given: the same setting as none given
+    assert len(trajectory_pairs([same], [agent])) == 1
+    assert len(trajectory_pairs([played(None)], [agent])) == 1
+
+
 def test_a_history_window_keeps_an_imported_trajectorys_instruction(tmp_path: Path) -> None:
     """ETO's instruction is its first user message, answered "OK": with ``history=k`` it fell out of the
     window from turn k + 2 on, so SFT trained later turns without the task. It is kept as the head; a

@@ -43,6 +43,7 @@ dropped: the settings are about degenerate explorations. What counts is the file
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -166,10 +167,27 @@ def _one_env(*groups: Iterable[Trajectory]) -> None:
     """Refuse trajectories of more than one env (``unknown``, an import's default, matches any): task
     ids repeat across envs (``train-0``), so an expert file of one env paired with another's would pair
     games of different envs by their shared ids."""
+    groups = tuple(list(g) for g in groups)
     names = sorted({t.env for g in groups for t in g} - {"unknown"})
     if len(names) > 1:
         raise TurnRLError(f"the trajectories are of {len(names)} envs ({', '.join(names)}); pairs are of one env's "
                           "games: give the expert and explored files of one env")
+    # games of one task id played under other env options (another opponent) are not comparable: their
+    # returns would be paired as if one agent had done better. Options are compared with the env's
+    # defaults filled in; a game that records none (an import, an older file) matches any
+    from turnrl import envs
+
+    defaults = envs.env_defaults(names[0]) if names and names[0] in envs.names() else {}
+    seen: dict[str, dict[str, Any]] = {}
+    for t in (t for g in groups for t in g):
+        opts = t.meta.get("env_opts")
+        if isinstance(opts, dict):
+            seen.setdefault(json.dumps({**defaults, **opts}, sort_keys=True, default=repr), opts)
+    if len(seen) > 1:
+        shown = "; ".join(json.dumps(o, sort_keys=True) for o in list(seen.values())[:2])
+        raise TurnRLError(f"the trajectories were played under {len(seen)} settings of the env's options ({shown}): "
+                          "pairs compare games of one setting; collect the expert and explored games with the same "
+                          "--env-opt")
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int], *, explored: bool = True) -> bool:
