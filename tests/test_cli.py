@@ -316,8 +316,14 @@ def test_pairs_scored_refuses_the_pair_options_it_would_ignore(tmp_path: Path, c
         line = one_line_error(code, err)
         assert code == 2 and named in line and "--scored" in line, line
     assert not out.exists()
-    code, stdout, _ = run(base, capsys)
-    assert code == 0 and "4 scored samples" in stdout
+    # one sample a task: every win rate 1/2, every SPPO target 0 (training would not move)
+    code, _, err = run(base, capsys)
+    assert "has one sample: its win rate would be 1/2" in one_line_error(code, err) and not out.exists()
+    again = tmp_path / "agent-seed1.jsonl"
+    assert run(["collect", "--env", "tictactoe", "--policy", "random", "--episodes", "4", "--seed", "1",
+                "--out", str(again)], capsys)[0] == 0
+    code, stdout, _ = run([*base, "--explored", str(again)], capsys)
+    assert code == 0 and "8 scored samples" in stdout
 
 
 def test_diagnose_checks_every_policy_before_any_work(tmp_path: Path, capsys, monkeypatch) -> None:

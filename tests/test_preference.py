@@ -668,6 +668,24 @@ def test_bad_scored_sample_meta_is_a_file_line_error(tiny_dir: Path, tmp_path: P
         load_units(path, ChatFormat(load_tokenizer(str(tiny_dir))), PreferenceConfig(loss="sppo"))
 
 
+def test_sppo_refuses_samples_that_are_each_their_tasks_only_one(tiny_dir: Path, tmp_path: Path) -> None:
+    """Scored alone, a sample's win rate is 1/2 and SPPO's target 0: a run on such a file trained nothing
+    (loss 0, gradient 0) and wrote its start as the result."""
+    from turnrl.errors import TurnRLError
+    from turnrl.models.loading import load_tokenizer
+    from turnrl.tokenization import ChatFormat
+    from turnrl.train.preference import PreferenceConfig, load_units
+
+    path = tmp_path / "scored.jsonl"
+    alone = [_traj(f"t{i}", ["4"], 1.0, meta={"win_rate": 0.5, "group_size": 1}) for i in range(3)]
+    write_jsonl(path, alone)
+    chat = ChatFormat(load_tokenizer(str(tiny_dir)))
+    with pytest.raises(TurnRLError, match=r"scored.jsonl: every sample is its task's only one"):
+        load_units(path, chat, PreferenceConfig(loss="sppo"))
+    write_jsonl(path, [*alone, _traj("t3", ["4"], 0.0, meta={"win_rate": 0.25, "group_size": 2})])
+    assert len(load_units(path, chat, PreferenceConfig(loss="sppo"))[0]) == 4
+
+
 @pytest.mark.parametrize("eta", ["0", "-1", ".inf"])
 def test_cli_sppo_eta_must_be_positive_and_finite(tmp_path: Path, tiny_dir: Path, capsys, monkeypatch,
                                                    eta: str) -> None:

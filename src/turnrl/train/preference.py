@@ -237,6 +237,10 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
     if cfg.loss == "sppo":
         samples = read_trajectories(p)
         stats["records"] = len(samples)
+        if samples and all(t.meta.get("group_size") == 1 for t in samples):
+            raise TurnRLError(f"{p}: every sample is its task's only one, so each win rate is 1/2 and SPPO's target "
+                              "0: training would not move; score several samples a task (turnrl pairs --scored "
+                              "with --explored files of the same tasks)")
         for i, t in enumerate(samples):
             where = f"{p}:{i + 1}"
             win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where)
