@@ -490,3 +490,15 @@ def test_collect_refuses_a_policy_that_cannot_play_the_env_before_writing(tmp_pa
         code, _, err = run(["collect", "--env", env, "--policy", policy, "--episodes", "2", *opts,
                             "--out", str(out)], capsys)
         assert what in one_line_error(code, err) and not out.exists()
+
+
+def test_a_setting_given_as_a_flag_says_how_settings_are_written(tmp_path: Path, capsys) -> None:
+    """`--lr 1e-3` on a command of key=value settings: click's "No such option" alone left the user
+    guessing; a misspelled real flag keeps click's own suggestion and no hint."""
+    code, _, err = run(["train", "sft", "--model", "tiny", "--data", "x", "--out", str(tmp_path / "o"),
+                        "--lr", "1e-3"], capsys)
+    assert "No such option: --lr" in one_line_error(code, err)
+    assert "settings are key=value arguments, not flags: write lr=VALUE" in err
+    code, _, err = run(["eval", "--policy", "expert", "--env", "tictactoe", "--episods", "3",
+                        "--out", str(tmp_path / "r.json")], capsys)
+    assert "--episodes" in one_line_error(code, err) and "key=value" not in err

@@ -4,8 +4,8 @@ and the shipped hub-model configs (LoRA, bf16, gradient checkpointing)."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys

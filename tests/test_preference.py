@@ -684,6 +684,10 @@ def test_sppo_refuses_samples_that_are_each_their_tasks_only_one(tiny_dir: Path,
         load_units(path, chat, PreferenceConfig(loss="sppo"))
     write_jsonl(path, [*alone, _traj("t3", ["4"], 0.0, meta={"win_rate": 0.25, "group_size": 2})])
     assert len(load_units(path, chat, PreferenceConfig(loss="sppo"))[0]) == 4
+    pairs = tmp_path / "pairs.jsonl"  # the other losses' file: named as such
+    write_jsonl(pairs, [Pair("t0", alone[0], _traj("t1", ["5"], 0.0), {})])
+    with pytest.raises(TurnRLError, match=r"pairs.jsonl:1: .*sppo trains on scored samples \(turnrl pairs --scored\)"):
+        load_units(pairs, chat, PreferenceConfig(loss="sppo"))
 
 
 @pytest.mark.parametrize("eta", ["0", "-1", ".inf"])

@@ -31,6 +31,8 @@ def test_quickstart_writes_summary_report_and_plots(tmp_path: Path) -> None:
     again = run_quickstart(out, plan=SMALL)
     assert [(out / d / "summary.json").stat().st_mtime for d in ("sft", "iter-1/train")] == mtimes
     assert again["results"] == summary["results"]
+    # its seconds are this invocation's: it says the earlier run's stages were reused
+    assert summary["reused_earlier_stages"] is False and again["reused_earlier_stages"] is True
 
 
 def test_quickstart_refuses_an_out_made_with_another_plan(tmp_path: Path) -> None:

@@ -102,7 +102,8 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     t0 = time.time()
 
     tiny = out / "tiny"
-    if not (tiny / "config.json").is_file():
+    reused = (tiny / "config.json").is_file()  # a resumed run: its seconds count this invocation only
+    if not reused:
         _say(console, "[bold]1/5[/bold] building the tiny model")
         build_tiny(tiny, env_names=(ENV,))  # a tic-tac-toe specialist: the whole vocabulary on its text
 
@@ -151,13 +152,14 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     plot_training_loss(sft_dir / "metrics.jsonl", out / "training_loss.png", title="SFT loss (tiny model)")
     plot_rewards(results, out / "rewards.png", title=f"{ENV} vs random opponent: avg reward (95% CI)")
     summary = {"results": results, "env": ENV, "env_opts": ENV_OPTS, "plan": plan.__dict__,
-               "pairs": pair_stats, "seconds": round(time.time() - t0, 1)}
+               "pairs": pair_stats, "seconds": round(time.time() - t0, 1), "reused_earlier_stages": reused}
     atomic_write_text(out / "report.md", _report(results, plan))
     atomic_write_json(out / "summary.json", summary)
     if console is not None:
         console.print(results_table(results, title=f"quickstart: {ENV} vs random opponent"))
         console.print(f"summary: {out / 'summary.json'}   report: {out / 'report.md'}   "
-                      f"plots: {out / 'training_loss.png'}, {out / 'rewards.png'}   ({summary['seconds']:.0f} s)")
+                      f"plots: {out / 'training_loss.png'}, {out / 'rewards.png'}   ({summary['seconds']:.0f} s"
+                      + ("; finished stages of an earlier run reused" if reused else "") + ")")
     return summary
 
 

@@ -202,7 +202,7 @@ def collect(
     ctx: typer.Context,
     env: Annotated[str, typer.Option(help="Env name.")],
     policy: Annotated[str, typer.Option(help="expert, random, or a model directory / hub id / tiny.")],
-    out: Annotated[Path, typer.Option(help="Output JSONL (appended; a rerun resumes).", callback=out_file)],
+    out: Annotated[Path, typer.Option(help="Output JSONL: episodes are written as they finish; a rerun of the same run resumes it, a file of another run is refused.", callback=out_file)],
     split: str = "train",
     episodes: Episodes = 100,
     num_envs: NumEnvs = 32,
@@ -491,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
         errors, aborts = _click_exceptions()
         if isinstance(e, errors):  # click's message in one line, with where to read the usage
             ctx, message = getattr(e, "ctx", None), e.format_message()  # type: ignore[attr-defined]
+            message += _setting_as_flag_hint(e, ctx)
             if message:  # empty for a group called without a command: its help was printed
                 _print_error(message + (f" (see '{ctx.command_path} --help')" if ctx is not None else ""))
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
@@ -519,6 +520,20 @@ def _print_error(message: str) -> None:
 
     # escaped: "pip install 'turnrl[ray]'" is text, not a rich style tag
     err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _setting_as_flag_hint(e: Exception, ctx: Any) -> str:
+    """For ``--lr 1e-3`` on a command of ``key=value`` settings, where click finds no flag like it: how
+    settings are written (``lr=...``)."""
+    name = getattr(e, "option_name", None)
+    if type(e).__name__ != "NoSuchOption" or not name or ctx is None:
+        return ""
+    if not any(p.name == "overrides" for p in getattr(ctx.command, "params", ())):
+        return ""
+    if [p for p in getattr(e, "possibilities", None) or () if p != "--help"]:  # a near flag: click names it
+        return ""
+    key = name.lstrip("-").replace("-", "_")
+    return f"; this command's settings are key=value arguments, not flags: write {key}=VALUE"
 
 
 def _click_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:

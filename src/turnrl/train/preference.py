@@ -235,7 +235,12 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
     stats = {"records": 0, "skipped_too_long": 0, "skipped_identical": 0, "dropped_turns": 0}
     units: list[Unit] = []
     if cfg.loss == "sppo":
-        samples = read_trajectories(p)
+        try:
+            samples = read_trajectories(p)
+        except TurnRLError as e:
+            if "got a 'turnrl.pair/v1' one" in str(e):  # the file of the other preference losses
+                raise TurnRLError(f"{e}: sppo trains on scored samples (turnrl pairs --scored), not pairs") from None
+            raise
         stats["records"] = len(samples)
         if samples and all(t.meta.get("group_size") == 1 for t in samples):
             raise TurnRLError(f"{p}: every sample is its task's only one, so each win rate is 1/2 and SPPO's target "
