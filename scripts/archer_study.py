@@ -147,6 +147,7 @@ def start_policy(setup: EnvSetup, out: Path, demos: int, epochs: float) -> Path:
     import torch
 
     from turnrl.collect import run_policy
+    from turnrl.models.loading import model_ref
     from turnrl.models.tiny import build_tiny
     from turnrl.rollout.policies import ExpertPolicy
     from turnrl.train.sft import SFTConfig, train_sft
@@ -163,7 +164,7 @@ def start_policy(setup: EnvSetup, out: Path, demos: int, epochs: float) -> Path:
                num_envs=64, prompt=setup.prompt())
     cfg = SFTConfig(epochs=epochs, batch_size=16, lr=2e-3, row_tokens=setup.row_tokens, history=setup.history,
                     warmup_ratio=0.03, seed=0)
-    train_sft(str(tiny), data, out / "start", cfg, resume=True)
+    train_sft(model_ref(tiny), data, out / "start", cfg, resume=True)
     return model
 
 
@@ -337,6 +338,10 @@ def check_study(out: Path, settings: dict) -> None:
     run is reused as it is, so a later ``--iterations 40`` would tabulate an 8-iteration run as 40.
     ``--seeds`` and ``--methods`` may change (more runs in one study). The first run records them."""
     path = out / STUDY_FILE
+    if not path.is_file() and any(out.glob("*-s*/summary.json")):
+        raise SystemExit(f"error: {out} holds finished runs but no {STUDY_FILE} (made before 30 Nov 2026), so its "
+                         f"settings cannot be checked: write {path} with the settings it was made with, e.g. "
+                         f"{json.dumps(settings)}, or use another --out")
     if path.is_file():
         made = json.loads(path.read_text())
         changed = [f"--{k.replace('_', '-')} {made[k]}, now {v}" for k, v in settings.items()

@@ -64,3 +64,7 @@ def test_a_study_folder_refuses_other_settings(study, tmp_path):
     with pytest.raises(SystemExit, match=r"was made with other settings \(--iterations 8, now 40\)"):
         study.check_study(tmp_path, {**made, "iterations": 40})
     assert json.loads((tmp_path / "study.json").read_text())["iterations"] == 8
+    older = tmp_path / "older"  # finished runs, no study.json: nothing to check them against
+    _write(older / "archer-s0", [{"iteration": 0, "env_steps": 0, "eval/return": -2.0}], {"eval": [{}]})
+    with pytest.raises(SystemExit, match=r"holds finished runs but no study.json"):
+        study.check_study(older, made)

@@ -533,6 +533,13 @@ def test_pair_builders_refuse_games_of_two_env_settings() -> None:
     same = played({"opponent": "random"})  # the default, given: the same setting as none given
     assert len(trajectory_pairs([same], [agent])) == 1
     assert len(trajectory_pairs([played(None)], [agent])) == 1
+    # one value written as an int and as a float is one setting (noise=1 and noise 1.0)
+    assert len(trajectory_pairs([played({"noise": 1})], [played({"noise": 1.0}, success=False)])) == 1
+    # SPPO's scores compare a task's samples as self-play pairs do
+    from turnrl.data.pairs import scored_samples
+
+    with pytest.raises(TurnRLError, match=r"2 settings .*collect the samples with the same --env-opt"):
+        scored_samples([expert, agent])
 
 
 def test_a_history_window_keeps_an_imported_trajectorys_instruction(tmp_path: Path) -> None:

@@ -310,6 +310,16 @@ def test_tiny_is_refused_where_a_tiny_folder_is_too(tiny_dir: Path, tmp_path: Pa
         check_model_name("tiny")
     with pytest.raises(TurnRLError, match=r"write ./tiny for that folder"):
         load_tokenizer("tiny")
+    # a run in the working folder (out=.) builds its own ./tiny: its callers name it ./tiny, and a
+    # pipeline's base=tiny (build the model into OUT/tiny) is no name to check
+    from turnrl.models.loading import model_ref
+    from turnrl.pipelines.eto import EtoConfig
+
+    (tmp_path / "tiny").rmdir()
+    shutil.copytree(tiny_dir, tmp_path / "tiny")
+    assert model_ref(Path(".") / "tiny") == "./tiny" and model_ref(tmp_path / "tiny") == str(tmp_path / "tiny")
+    assert load_tokenizer(model_ref(Path(".") / "tiny")) is not None
+    EtoConfig(out=".").check()
 
 
 def test_a_tokenizer_error_keeps_its_whole_message(tiny_dir: Path, tmp_path: Path) -> None:

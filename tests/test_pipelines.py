@@ -553,6 +553,10 @@ def test_config_cross_checks() -> None:
     with pytest.raises(TurnRLError, match=r"^dmpo_iterations=3: the DPO row is ETO's iteration"):
         _check(CompareConfig(dmpo_iterations=3, methods=["loser_length"]))
     _check(CompareConfig(dmpo_iterations=3, methods=["sft", "dmpo"], dpo_from_eto=False))
+    # nothing to train, named by its section, before the demos and the model
+    for section in ("sft", "train"):
+        with pytest.raises(TurnRLError, match=rf"^{section}.epochs=0 and {section}.max_steps=0: nothing would be"):
+            load_config(EtoConfig, overrides=[f"{section}.epochs=0"]).check()
     # losers of step and takeover pairs are not cut: truncate_k there would do nothing
     for pairs in ("step", "takeover"):
         with pytest.raises(TurnRLError, match=rf"^truncate_k=0 cuts trajectory pairs' losers; pairs={pairs} trains"):

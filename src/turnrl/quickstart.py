@@ -89,6 +89,7 @@ def _say(console: Any, text: str) -> None:
 
 def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, console: Any = None,
                    plan: QuickstartPlan | None = None) -> dict[str, Any]:
+    from turnrl.models.loading import model_ref
     from turnrl.models.tiny import build_tiny
     from turnrl.train.sft import SFTConfig, train_sft
 
@@ -121,7 +122,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     if not trained:
         cfg = SFTConfig(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, row_tokens=1024,
                         history=PROMPT.history, warmup_ratio=0.03, save_every=50, seed=0)
-        train_sft(str(tiny), demos, sft_dir, cfg, resume=resume)
+        train_sft(model_ref(tiny), demos, sft_dir, cfg, resume=resume)
 
     _say(console, "[bold]4/5[/bold] one ETO iteration with DMPO (explore, pair with the expert, train)")
     from turnrl.pipelines.eto import run_iteration
@@ -133,7 +134,7 @@ def run_quickstart(out: str | Path, *, fast: bool = False, resume: bool = True, 
     _say(console, f"[bold]5/5[/bold] evaluating on seen and unseen ({plan.eval_episodes} games each)")
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=48)
     policies: list[tuple[str, Policy]] = [
-        ("untrained", load_policy(str(tiny), sampling=greedy, history=PROMPT.history)),
+        ("untrained", load_policy(model_ref(tiny), sampling=greedy, history=PROMPT.history)),
         ("sft", load_policy(str(sft_dir / "model"), sampling=greedy, history=PROMPT.history)),
         ("expert", ExpertPolicy()),
         ("random", RandomPolicy()),

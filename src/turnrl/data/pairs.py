@@ -163,31 +163,32 @@ def expert_games(experts: Sequence[Trajectory]) -> Callable[[tuple[str, Any]], T
     return find
 
 
-def _one_env(*groups: Iterable[Trajectory]) -> None:
+def _one_env(*groups: Iterable[Trajectory], games: str = "the expert and explored games") -> None:
     """Refuse trajectories of more than one env (``unknown``, an import's default, matches any): task
     ids repeat across envs (``train-0``), so an expert file of one env paired with another's would pair
-    games of different envs by their shared ids."""
+    games of different envs by their shared ids. Likewise games of one env played under other env
+    options (another opponent): their returns would be compared as if one agent had done better.
+    Options are compared with the env's defaults filled in (``1`` and ``1.0`` are one value); a game
+    that records none (an import, an older file) matches any. ``games`` names the files in the error."""
     groups = tuple(list(g) for g in groups)
     names = sorted({t.env for g in groups for t in g} - {"unknown"})
     if len(names) > 1:
         raise TurnRLError(f"the trajectories are of {len(names)} envs ({', '.join(names)}); pairs are of one env's "
-                          "games: give the expert and explored files of one env")
-    # games of one task id played under other env options (another opponent) are not comparable: their
-    # returns would be paired as if one agent had done better. Options are compared with the env's
-    # defaults filled in; a game that records none (an import, an older file) matches any
+                          f"games: give {games} of one env")
     from turnrl import envs
 
     defaults = envs.env_defaults(names[0]) if names and names[0] in envs.names() else {}
-    seen: dict[str, dict[str, Any]] = {}
+    settings: list[tuple[Any, dict[str, Any]]] = []  # (options as a file reads them back, as recorded)
     for t in (t for g in groups for t in g):
         opts = t.meta.get("env_opts")
         if isinstance(opts, dict):
-            seen.setdefault(json.dumps({**defaults, **opts}, sort_keys=True, default=repr), opts)
-    if len(seen) > 1:
-        shown = "; ".join(json.dumps(o, sort_keys=True) for o in list(seen.values())[:2])
-        raise TurnRLError(f"the trajectories were played under {len(seen)} settings of the env's options ({shown}): "
-                          "pairs compare games of one setting; collect the expert and explored games with the same "
-                          "--env-opt")
+            full = json.loads(json.dumps({**defaults, **opts}, default=repr))  # a tuple reads back as a list
+            if all(full != f for f, _ in settings):
+                settings.append((full, opts))
+    if len(settings) > 1:
+        shown = "; ".join(json.dumps(o, sort_keys=True) for _, o in settings[:2])
+        raise TurnRLError(f"the trajectories were played under {len(settings)} settings of the env's options "
+                          f"({shown}): their returns are not comparable; collect {games} with the same --env-opt")
 
 
 def _keep_loser(loser: Trajectory, losers: LoserSetting, stats: dict[str, int], *, explored: bool = True) -> bool:
@@ -333,7 +334,7 @@ def self_play_pairs(
     stats: dict[str, int] | None = None,
 ) -> list[Pair]:
     """Best against worst of each task's own samples when their returns differ."""
-    _one_env(samples)
+    _one_env(samples, games="the samples")
     stats = stats if stats is not None else {}
     pairs: list[Pair] = []
     for task, group in _by_task(samples).items():
@@ -363,4 +364,5 @@ def scored_samples(samples: Sequence[Trajectory], *, tau: float = 1.0) -> list[T
     """Each sample with ``meta["win_rate"] = (1/K) sum_k P(y_i > y_k)`` over its task's K samples
     (the sample itself included, as in SPPO, contributing 1/2) under the env-reward oracle;
     :func:`turnrl.oracles.score_samples` with any other oracle."""
+    _one_env(samples, games="the samples")
     return score_samples(samples, EnvRewardOracle(tau))

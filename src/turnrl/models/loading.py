@@ -209,6 +209,13 @@ def resolve_model_path(name: str | Path) -> str:
     return text if p is None else str(p)
 
 
+def model_ref(path: str | Path) -> str:
+    """A model folder's path as a model name: ``./tiny`` for a folder ``tiny`` in the working folder
+    (a run's ``OUT/tiny`` with ``OUT`` = ``.``), as ``tiny`` alone names the embedded model."""
+    text = str(path)
+    return f"./{TINY}" if text == TINY else text
+
+
 def _check_tiny_unambiguous() -> None:
     """``tiny`` names the embedded model; a ``./tiny`` here (``turnrl model init-tiny --out tiny``, a
     pipeline's ``OUT/tiny`` when run from OUT) would be silently passed over for it: one line instead."""

@@ -191,12 +191,16 @@ class AgentPipelineConfig(Config):
         if not self.eval_splits:
             raise TurnRLError("eval_splits is empty: nothing would be evaluated; choose from: train, seen, unseen")
         for key in ("model", "base"):
-            if getattr(self, key) is not None:
+            # base=tiny builds the embedded model into OUT/tiny (a ./tiny of its own when out is .)
+            if getattr(self, key) is not None and not (key == "base" and self.base == "tiny"):
                 check_model_name(getattr(self, key), key)
         for s in self.eval_splits:
             if s not in ("train", "seen", "unseen"):
                 raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
         self.check_trainer_sections()
+        for section in ("sft", "train"):  # nothing to train: before the demos and the model, not after
+            if section in type(self).model_fields:
+                getattr(self, section).check_budget(f"{section}.")
         train = getattr(self, "train", None)
         if train is not None and train.ref_model is not None:  # train_iteration sets it: it would do nothing
             raise TurnRLError(f"train.ref_model={train.ref_model}: each iteration's reference is the agent it "
@@ -341,7 +345,9 @@ def prepare_base_model(cfg: EtoConfig, out: str | Path, log: Log | None = None) 
         build_tiny(p, env_names=(cfg.env,))
         return str(p)
 
-    return str(run_stage(Path(out) / "tiny", tiny, log=log))
+    from turnrl.models.loading import model_ref
+
+    return model_ref(run_stage(Path(out) / "tiny", tiny, log=log))
 
 
 def prepare_base(cfg: EtoConfig, out: str | Path, log: Log | None = None) -> tuple[str, Path]:

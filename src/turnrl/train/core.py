@@ -177,12 +177,12 @@ class TrainConfig(Config):
                                      "row_tokens"), Range(1)),
                     "warmup_ratio": Range(0, 1), "momentum": Range(0, 1, hi_open=True)}
 
-    def check_budget(self) -> None:
+    def check_budget(self, prefix: str = "") -> None:
         """One line where nothing would be trained: ``epochs=0`` with ``max_steps=0`` (called before
-        the data and the model load)."""
+        the data and the model load; ``prefix`` names the section, ``sft.`` in a pipeline)."""
         if self.max_steps <= 0 and self.epochs <= 0:
-            raise TurnRLError(f"epochs={self.epochs:g} and max_steps=0: nothing would be trained; set epochs > 0 "
-                              "or max_steps > 0")
+            raise TurnRLError(f"{prefix}epochs={self.epochs:g} and {prefix}max_steps=0: nothing would be trained; "
+                              f"set {prefix}epochs > 0 or {prefix}max_steps > 0")
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
