@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -654,6 +655,9 @@ def test_model_fingerprint_counts_every_tensor_and_the_chat_template(tiny_dir: P
     ({"win_rate": None}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got None\)"),
     ({"win_rate": "high"}, r"scored.jsonl:1: meta.win_rate must be a number in \[0, 1\] \(got 'high'\)"),
     ({"win_rate": 0.5, "train_from_turn": -1}, r"scored.jsonl:1: meta.train_from_turn must be an integer >= 0 \(got -1\)"),
+    # past the last turn: nothing would train (it was counted as too long for max_length)
+    ({"win_rate": 0.5, "train_from_turn": 10}, r"scored.jsonl:1: meta.train_from_turn=10 is past the last agent turn "
+                                               r"of a side with 1 turn\(s\)"),
 ])
 def test_bad_scored_sample_meta_is_a_file_line_error(tiny_dir: Path, tmp_path: Path, meta: dict, message: str) -> None:
     from turnrl.errors import TurnRLError
@@ -727,6 +731,11 @@ def test_a_pair_cut_to_the_same_tokens_on_both_sides_is_skipped_and_counted(tiny
     assert len(units) == 2 and stats["skipped_identical"] == 0
     with pytest.raises(Exception, match="cut by it to the same tokens on both sides"):
         load_units(tmp_path / "pairs.jsonl", chat, PreferenceConfig(max_length=end1 + 5))
+    # under a history window too: a pair whose sides are the same game gives the same views (it was
+    # trained at loss log 2, its float noise made into full AdamW steps)
+    write_jsonl(tmp_path / "same.jsonl", [Pair("g", win, win, {}), Pair("g", win, loss, {})])
+    units, stats = load_units(tmp_path / "same.jsonl", chat, PreferenceConfig(history=0))
+    assert len(units) == 1 and stats["skipped_identical"] == 1
 
 
 def test_trainers_keep_replies_that_stopped_on_the_generation_configs_eos(tiny_dir: Path, tiny_tokenizer) -> None:
@@ -829,3 +838,52 @@ def test_train_refuses_a_setting_its_loss_does_not_read(command: str, setting: s
     code, _, err = run(["train", command, "--model", "tiny", "--pairs", str(tmp_path / "none.jsonl"),
                         "--out", str(tmp_path / "run"), setting], capsys)
     assert one_line_error(code, err) == f"error: {said}: remove it" and not (tmp_path / "run").exists()
+
+
+def test_train_dpo_says_what_its_data_left_out(tiny_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Pairs skipped for the same tokens on both sides, and turns past max_length, were only counted in
+    data_stats.json: the command says so on the console, as train sft does."""
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    win, loss = _traj("a", ["1", "2"], 1.0, source="expert"), _traj("a", ["3"], -1.0)
+    write_jsonl(tmp_path / "p.jsonl", [Pair("a", win, loss, {}), Pair("a", win, win, {})])
+    code, out, _ = run(["train", "dpo", "--model", str(tiny_dir), "--pairs", str(tmp_path / "p.jsonl"),
+                        "--out", str(tmp_path / "o"), "max_steps=1"], capsys)
+    assert code == 0 and "1 pair(s) with the same tokens on both sides were skipped" in " ".join(out.split())
+
+
+def test_a_wrong_out_is_refused_before_the_reference_pass(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """An --out that holds a run was refused only after the reference pass (minutes on a real model)."""
+    from turnrl.errors import TurnRLError
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    win, loss = _traj("a", ["1", "2"], 1.0, source="expert"), _traj("a", ["3"], -1.0)
+    write_jsonl(tmp_path / "p.jsonl", [Pair("a", win, loss, {})])
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "summary.json").write_text("{}")
+    monkeypatch.setattr(preference, "compute_reference", lambda *a, **k: pytest.fail("reference pass ran"))
+    with pytest.raises(TurnRLError, match=r"already holds a run; pass --resume"):
+        preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / "o",
+                                    preference.PreferenceConfig(max_steps=1))
+
+
+def test_an_empty_pairs_file_and_a_cut_reference_cache_are_named(tiny_dir: Path, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """An empty file was blamed on max_length; a cut cache file was a torch traceback."""
+    from turnrl.errors import TurnRLError
+    from turnrl.train import preference
+
+    monkeypatch.setenv("TURNRL_HOME", str(tmp_path / "home"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(TurnRLError, match=r"empty.jsonl: holds no pairs$"):
+        preference.train_preference(str(tiny_dir), tmp_path / "empty.jsonl", tmp_path / "o0",
+                                    preference.PreferenceConfig(max_steps=1))
+    win, loss = _traj("a", ["1", "2"], 1.0, source="expert"), _traj("a", ["3"], -1.0)
+    write_jsonl(tmp_path / "p.jsonl", [Pair("a", win, loss, {})])
+    preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / "o1",
+                                preference.PreferenceConfig(max_steps=1))
+    (cache,) = (tmp_path / "home" / "ref_logps").iterdir()
+    cache.write_bytes(cache.read_bytes()[:20])
+    with pytest.raises(TurnRLError, match=rf"^{re.escape(str(cache))}: the cached reference log-probs cannot be read"):
+        preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / "o2",
+                                    preference.PreferenceConfig(max_steps=1))

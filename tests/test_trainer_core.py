@@ -641,3 +641,21 @@ def test_lora_is_refused_where_parameters_are_sharded() -> None:
         check_lora_sharding(kind, stage, lora=False)  # a full fine-tune is gathered on save
     for kind, stage in (("DistributedType.MULTI_GPU", None), ("DistributedType.DEEPSPEED", 2), ("DistributedType.NO", None)):
         check_lora_sharding(kind, stage, lora=True)
+
+
+def test_a_run_with_something_to_evaluate_evaluates_its_last_step(tmp_path: Path) -> None:
+    """Held-out data given without eval_every (its default, 0) were never read: only the untrained start
+    was evaluated. The last step is evaluated whenever there is an eval_fn; eval_every adds steps."""
+    steps: list[int] = []
+
+    def seen(model: Any, step: int) -> dict[str, float]:
+        steps.append(step)
+        return {"x": float(step)}
+
+    run(tmp_path / "a", base_cfg(max_steps=3), eval_fn=seen)
+    assert steps == [3]
+    lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("eval/x") for r in lines] == [None, None, 3.0]
+    steps.clear()
+    run(tmp_path / "b", base_cfg(max_steps=5, eval_every=2), eval_fn=seen)
+    assert steps == [2, 4, 5]

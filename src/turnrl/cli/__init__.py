@@ -315,12 +315,23 @@ def train_sft_cmd(
     cfg.check_budget()
     result = train_sft(model, data, out, cfg, resume=resume)
     console.print(f"SFT finished: {result.steps} steps, final loss {result.final_loss:.4f}; model in {result.model_dir}")
+    _note_left_out(out, cfg.max_length, "example")
+
+
+def _note_left_out(out: Path, max_length: int, what: str) -> None:
+    """One console line when the data's tokenizing left something out (``OUT/data_stats.json``): agent
+    turns past ``max_length``, ``what``s whose first turn did not fit, pairs cut to the same tokens on
+    both sides. Documented, but easy to miss in a file."""
     stats_file = out / "data_stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-    if stats.get("dropped_turns") or stats.get("skipped_too_long"):  # documented, but easy to miss in a file
-        console.print(f"[yellow]note: max_length={cfg.max_length} left out {stats.get('dropped_turns', 0)} agent "
-                      f"turn(s) past it and {stats.get('skipped_too_long', 0)} example(s) whose first turn did not "
-                      f"fit ({stats_file})[/yellow]", highlight=False)
+    parts = []
+    if stats.get("dropped_turns") or stats.get("skipped_too_long"):
+        parts.append(f"max_length={max_length} left out {stats.get('dropped_turns', 0)} agent turn(s) past it and "
+                     f"{stats.get('skipped_too_long', 0)} {what}(s) whose first turn did not fit")
+    if stats.get("skipped_identical"):
+        parts.append(f"{stats['skipped_identical']} pair(s) with the same tokens on both sides were skipped")
+    if parts:
+        console.print(f"[yellow]note: {'; '.join(parts)} ({stats_file})[/yellow]", highlight=False)
 
 
 def _preference_command(loss: str) -> None:
@@ -351,6 +362,7 @@ def _preference_command(loss: str) -> None:
         result = train_preference(model, pairs, out, cfg, resume=resume, eval_data=eval_pairs)
         console.print(f"{loss.upper()} finished: {result.steps} steps, final loss {result.final_loss:.4f}; "
                       f"model in {result.model_dir}")
+        _note_left_out(out, cfg.max_length, "sample" if loss == "sppo" else "pair")
 
     command.__doc__ = doc
     train_app.command(loss)(command)

@@ -131,6 +131,26 @@ class LoraSettings(Config):
         return v
 
 
+def check_out_dir(out_dir: Path, resume: bool) -> Path | None:
+    """What :meth:`Trainer.check_out` checks before it knows the run's config (a trainer calls it
+    before minutes of work it does ahead of the trainer, such as a reference pass): without
+    ``resume``, an ``out_dir`` that holds a run; a ``model/`` or ``adapter/`` of no run. Returns the
+    newest checkpoint."""
+    ckpt = latest_checkpoint(out_dir)
+    if not resume and (ckpt is not None or (out_dir / SUMMARY).exists()):
+        raise TurnRLError(f"{out_dir}: already holds a run; pass --resume to continue it or choose another --out")
+    # a resume with no checkpoint starts over, and so replaces model/ too: only a run's own (one killed
+    # in its final save has its metrics file, which training opens before its first step)
+    ours = resume and ((out_dir / SUMMARY).exists() or (out_dir / METRICS).exists())
+    if ckpt is None and not ours:
+        beside = f"no checkpoint, {SUMMARY} or {METRICS}" if resume else f"no checkpoint or {SUMMARY}"
+        for name in ("model", "adapter"):
+            if (out_dir / name).exists():
+                raise TurnRLError(f"{out_dir / name}: exists and is no run's output ({beside} beside it); "
+                                  "the final save would replace it: choose another --out")
+    return ckpt
+
+
 class TrainConfig(Config):
     """Optimisation settings shared by every trainer."""
 
@@ -751,20 +771,7 @@ class Trainer:
         or ``adapter/`` of no run (the final save replaces them: they may be the user's, even the input
         model; with ``resume`` too, where no checkpoint, summary or metrics file shows a run). With
         ``resume``, refuse a newest checkpoint of another config or process count."""
-        ckpt = latest_checkpoint(self.out_dir)
-        if not resume and (ckpt is not None or (self.out_dir / SUMMARY).exists()):
-            raise TurnRLError(
-                f"{self.out_dir}: already holds a run; pass --resume to continue it or choose another --out"
-            )
-        # a resume with no checkpoint starts over, and so replaces model/ too: only a run's own (one killed
-        # in its final save has its metrics file, which training opens before its first step)
-        ours = resume and ((self.out_dir / SUMMARY).exists() or (self.out_dir / METRICS).exists())
-        if ckpt is None and not ours:
-            beside = f"no checkpoint, {SUMMARY} or {METRICS}" if resume else f"no checkpoint or {SUMMARY}"
-            for name in ("model", "adapter"):
-                if (self.out_dir / name).exists():
-                    raise TurnRLError(f"{self.out_dir / name}: exists and is no run's output ({beside} beside it); "
-                                      "the final save would replace it: choose another --out")
+        ckpt = check_out_dir(self.out_dir, resume)
         if not resume or ckpt is None:
             return
         state = json.loads((ckpt / TRAINER_STATE).read_text())
@@ -828,8 +835,10 @@ class Trainer:
                     last_loss = record["loss"]
                     done = step + 1
                     record["time"] = round(time.time() - t0, 3)
-                    evaluated = bool(self.cfg.eval_every) and (
-                        done % self.cfg.eval_every == 0 or done == self.total_steps
+                    # every eval_every steps, and at the last step whenever there is something to evaluate
+                    # on (held-out pairs given without eval_every were otherwise never read)
+                    evaluated = self.eval_fn is not None and (
+                        done == self.total_steps or bool(self.cfg.eval_every) and done % self.cfg.eval_every == 0
                     )
                     if evaluated:
                         record.update(self._evaluate(done))

@@ -54,6 +54,7 @@ from turnrl.train.core import (
     _zero_stage,
     atomic_write_json,
     check_lora_sharding,
+    check_out_dir,
 )
 from turnrl.train.forward import pack, pack_shared, token_logps
 from turnrl.train.sft import file_hash
@@ -163,13 +164,18 @@ class Unit:
 # ----------------------------------------------------------------------------- data
 
 
-def _train_from(meta: dict[str, Any], where: str) -> int:
-    """``meta.train_from_turn``: the first agent turn that trains (0 when absent); an integer >= 0."""
+def _train_from(meta: dict[str, Any], where: str, *sides: Trajectory) -> int:
+    """``meta.train_from_turn``: the first agent turn that trains (0 when absent); an integer >= 0 and
+    below every side's number of agent turns (from there a side has nothing to train)."""
     v = meta.get("train_from_turn", 0)
     if v is None:
         return 0
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise TurnRLError(f"{where}: meta.train_from_turn must be an integer >= 0 (got {v!r})")
+    short = [t.num_turns for t in sides if v >= t.num_turns]
+    if v and short:
+        raise TurnRLError(f"{where}: meta.train_from_turn={v} is past the last agent turn of a side with "
+                          f"{short[0]} turn(s): nothing of it would train")
     return v
 
 
@@ -248,7 +254,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
                               "with --explored files of the same tasks)")
         for i, t in enumerate(samples):
             where = f"{p}:{i + 1}"
-            win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where)
+            win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where, t)
             if cfg.history is not None:
                 u = _view_unit(chat, [t], start, cfg, stats, win_rate)
                 if u is None:
@@ -266,11 +272,14 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
         pairs: list[Pair] = read_pairs(p)
         stats["records"] = len(pairs)
         for i, pair in enumerate(pairs):
-            start = _train_from(pair.meta, f"{p}:{i + 1}")
+            start = _train_from(pair.meta, f"{p}:{i + 1}", pair.chosen, pair.rejected)
             if cfg.history is not None:
                 u = _view_unit(chat, [pair.chosen, pair.rejected], start, cfg, stats)
                 if u is None:
                     stats["skipped_too_long"] += 1
+                elif [s.input_ids for s, side in zip(u.seqs, u.sides or [], strict=True) if side == 0] == \
+                        [s.input_ids for s, side in zip(u.seqs, u.sides or [], strict=True) if side == 1]:
+                    stats["skipped_identical"] += 1  # the same views on both sides: no preference to learn
                 else:
                     units.append(u)
                 continue
@@ -286,6 +295,8 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
             # each side's T is its trajectory's (DMPO's phi(t, T)), also when max_length cut turns off:
             # the cut turns have no tokens and add nothing, the kept ones keep their weights
             units.append(Unit([c, r], [c.num_turns + c.dropped_turns, r.num_turns + r.dropped_turns]))
+    if not stats["records"]:
+        raise TurnRLError(f"{p}: holds no {'samples' if cfg.loss == 'sppo' else 'pairs'}")
     if not units:
         raise TurnRLError(f"{p}: no usable {'samples' if cfg.loss == 'sppo' else 'pairs'} "
                           f"(every one is empty or longer than max_length={cfg.max_length}"
@@ -445,13 +456,25 @@ def ref_cache_path(ref_fingerprint: str, data_hash: str, cfg: PreferenceConfig, 
     return turnrl_home() / "ref_logps" / f"{key}.pt"
 
 
-def attach_reference(units: Sequence[Unit], refs: Sequence[torch.Tensor]) -> None:
+def attach_reference(units: Sequence[Unit], refs: Sequence[torch.Tensor], cache: Path | None = None) -> None:
+    where = f"{cache}: " if cache is not None else ""
     if len(refs) != len(units):
-        raise TurnRLError(f"reference cache holds {len(refs)} entries for {len(units)} units; delete it and rerun")
+        raise TurnRLError(f"{where}reference cache holds {len(refs)} entries for {len(units)} units; delete it "
+                          "and rerun")
     for u, r in zip(units, refs, strict=True):
         if tuple(r.shape) != (len(u.num_turns), max(u.num_turns)):
-            raise TurnRLError("reference cache does not match the data; delete it and rerun")
+            raise TurnRLError(f"{where}reference cache does not match the data; delete it and rerun")
         u.ref = r
+
+
+def _load_cache(cache: Path) -> Any:
+    """The reference log-probs cached in ``cache``; one line naming it when it cannot be read (cut)."""
+    try:
+        return torch.load(cache, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TurnRLError(f"{cache}: the cached reference log-probs cannot be read ({first}); delete it and "
+                          "rerun") from None
 
 
 def _save_atomic(obj: Any, path: Path) -> None:
@@ -509,6 +532,7 @@ def train_preference(
     from turnrl.rollout.policies import training_chat
 
     cfg.check_loss()
+    check_out_dir(Path(out), resume)  # a wrong --out before the reference pass, which may take minutes
     tok = load_tokenizer(model_name)
     chat = training_chat(model_name, tok)  # the sampler's stop ids
     pad_id = tok.pad_token_id or 0
@@ -550,7 +574,7 @@ def train_preference(
                 attach_reference(group, refs)
                 continue
         acc.wait_for_everyone()
-        attach_reference(group, torch.load(cache, weights_only=True))
+        attach_reference(group, _load_cache(cache), cache)
     del ref
 
     eval_fn = None
