@@ -30,6 +30,28 @@ def positive(text: str) -> int:
     return value
 
 
+def positive_list(text: str) -> list[int]:
+    """An ``argparse`` type: comma-separated integers >= 1 (``1,8,32``); empty for none."""
+    try:
+        return [positive(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1 separated by commas, got {text!r}") from None
+
+
+def run_main(main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main``; turnrl's one-line errors (a bad model path, env or setting) are
+    printed as ``error: ...`` with exit code 2, as turnrl's commands print them, not as a traceback."""
+    import sys
+
+    from turnrl.errors import TurnRLError
+
+    try:
+        main()
+    except TurnRLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def model_or_tiny(model_dir: str | None) -> str:
     """``model_dir``, or a fresh tiny model built in a temporary folder."""
     if model_dir is not None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import padded_logps, positive, time_rounds, training_model  # beside this script
+from _common import padded_logps, positive, run_main, time_rounds, training_model  # beside this script
 
 from turnrl.agent.prompting import PromptConfig
 from turnrl.collect import run_policy
@@ -114,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

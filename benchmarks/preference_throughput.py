@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import positive  # beside this script
+from _common import positive, run_main  # beside this script
 
 CONFIGS = ("turnrl", "trl-default", "trl-best")
 OPPONENT = {"opponent": "minimax"}
@@ -311,4 +311,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,7 +18,7 @@ import json
 import time
 
 import torch
-from _common import model_or_tiny, positive  # beside this script
+from _common import model_or_tiny, positive, run_main  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -71,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,7 +23,7 @@ import json
 import time
 
 import torch
-from _common import model_or_tiny, positive  # beside this script
+from _common import model_or_tiny, positive, positive_list, run_main  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -48,10 +48,10 @@ def measure(policy, episodes: int, num_envs: int, plain: bool = False) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=positive, default=64)
-    ap.add_argument("--num-envs", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--num-envs", type=positive, default=32)
+    ap.add_argument("--max-new-tokens", type=positive, default=32)
     ap.add_argument("--model", default=None, help="model directory (default: a freshly built tiny model)")
-    ap.add_argument("--sweep", default="", help="also measure these env counts, e.g. 1,8,32,128")
+    ap.add_argument("--sweep", type=positive_list, default=[], help="also measure these env counts, e.g. 1,8,32,128")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = model_or_tiny(args.model)
@@ -66,7 +66,7 @@ def main() -> None:
     print(f"sequential (  1 env ): {sequential['episodes_per_s']:8.2f} episodes/s "
           f"{sequential['generated_tokens_per_s']:9.1f} tokens/s", flush=True)
     sweep = []
-    for n in [int(x) for x in args.sweep.split(",") if x]:
+    for n in args.sweep:
         r = measure(policy, max(n, 16), n)
         sweep.append(r)
         print(f"sweep {n:>4} envs: {r['episodes_per_s']:8.2f} episodes/s {r['generated_tokens_per_s']:9.1f} tokens/s "
@@ -79,4 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

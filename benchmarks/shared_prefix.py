@@ -26,7 +26,7 @@ import argparse
 import json
 
 import torch
-from _common import clock, model_or_tiny, positive  # beside this script
+from _common import clock, model_or_tiny, positive, run_main  # beside this script
 
 from turnrl.models.loading import load_model, load_tokenizer
 from turnrl.rollout.engine import HFEngine, RowDraws, SamplingConfig, _left_pad, row_uniforms
@@ -109,4 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,7 +23,7 @@ import argparse
 import json
 
 import torch
-from _common import clock, model_or_tiny, positive  # beside this script
+from _common import clock, model_or_tiny, positive, run_main  # beside this script
 
 from turnrl.collect import run_policy
 from turnrl.rollout import SamplingConfig, load_policy
@@ -94,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -134,8 +134,7 @@ def run_ppo(setup: EnvSetup, seed: int, model: Path, out: Path, iterations: int,
                f"seed={seed}", f"iterations={iterations}"]
         if (run / "checkpoints").is_dir():
             cmd.append("--resume")
-        with open(out / f"ppo-s{seed}.log", "w") as log:
-            subprocess.run(cmd, check=True, env=CHILD_ENV, stdout=log, stderr=subprocess.STDOUT)
+        run_child(cmd, out / f"ppo-s{seed}.log")
     if not (run / "study_eval.json").is_file():
         res = {"start": eval_model(setup, model, seed, eval_episodes),
                "final": eval_model(setup, run / "model", seed, eval_episodes)}
@@ -183,9 +182,19 @@ def run_one(setup: EnvSetup, method: str, seed: int, model: Path, out: Path, ite
         cmd += [f"critic.encoder={model}", *setup.critic]
     if (run / "checkpoints").is_dir():
         cmd.append("--resume")
-    with open(out / f"{method}-s{seed}.log", "w") as log:
-        subprocess.run(cmd, check=True, env=CHILD_ENV, stdout=log, stderr=subprocess.STDOUT)
+    run_child(cmd, out / f"{method}-s{seed}.log")
     return run
+
+
+def run_child(cmd: list[str], log_path: Path) -> None:
+    """Run a ``turnrl train`` command with its output in ``log_path``; a failure is one line with the
+    command's own last line (its one-line error), not a traceback of this script."""
+    with open(log_path, "w") as log:
+        code = subprocess.run(cmd, env=CHILD_ENV, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        lines = [x for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+        raise SystemExit(f"error: turnrl {' '.join(cmd[3:5])} failed (exit {code}): "
+                         f"{lines[-1] if lines else 'no output'} (log: {log_path})")
 
 
 def rows(run: Path) -> list[dict]:
@@ -254,7 +263,7 @@ def report(setup: EnvSetup, out: Path, methods: list[str], seeds: list[int], img
         n = min(len(c) for c in curves)
         xs = np.mean([[r["env_steps"] for r in c[:n]] for c in curves], axis=0)
         ys = np.array([[r["train/return"] for r in c[:n]] for c in curves])
-        k = 3
+        k = min(3, n)  # fewer points than the window: numpy would swap the arrays and return more points
         smooth = np.array([np.convolve(y, np.ones(k) / k, mode="valid") for y in ys])
         mu = smooth.mean(axis=0)
         line, = ax.plot(xs[k - 1:], mu, label=method)
@@ -368,6 +377,10 @@ def main() -> None:
     ap.add_argument("--img", type=Path, default=None, help="Also copy the plots here (docs/img/archer).")
     ap.add_argument("--report-only", action="store_true", help="Only tabulate and plot the finished runs.")
     args = ap.parse_args()
+    warmup = int(next(x.split("=")[1] for x in CRITIC if x.startswith("warmup_iterations=")))
+    if not args.report_only and args.iterations <= warmup and {"archer", "archer_kl"} & set(args.methods):
+        raise SystemExit(f"error: --iterations {args.iterations}: ArCHer's actor trains after {warmup} warm-up "
+                         f"iterations, so it would never be updated; give more than {warmup}")
     args.out.mkdir(parents=True, exist_ok=True)
     setup = ENVS[args.env]
     if args.report_only:

@@ -44,21 +44,28 @@ def _main(argv: list[str] | None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--episodes", type=int, default=200, help="seen-split evaluation games")
+    ap.add_argument("--episodes", type=int, default=200, help="seen-split evaluation games (>= 1)")
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, metavar="LOSS-GAMMA-FROM|dpo-start")
     args = ap.parse_args(argv)
     for path in (args.run / "sft" / "model", args.run / "iter-1" / "pairs.jsonl"):
         if not path.exists():
             ap.error(f"{path}: missing; --run must be a finished `turnrl quickstart` output directory")
     variants = [_parse(ap, v) for v in args.variants]
+    if args.episodes < 1 or not args.lr >= 0 or not args.epochs > 0:
+        ap.error(f"--episodes must be >= 1, --lr >= 0 and --epochs > 0 (got {args.episodes}, {args.lr:g}, "
+                 f"{args.epochs:g})")
 
     from turnrl.data.io import read_pairs, write_jsonl
     from turnrl.data.pairs import diverge_turn
     from turnrl.pipelines.eto import evaluate_model, train_pairs
-    from turnrl.pipelines.iterative import run_stage
+    from turnrl.pipelines.iterative import check_settings, run_stage
     from turnrl.quickstart import FULL, eto_config
 
     out: Path = args.out
+    # every stage is reused when done: a rerun with other settings would report the first run's numbers
+    # under the new ones. The variants are stages of their own, free to change
+    check_settings(out, {"run": str(args.run.resolve()), "lr": args.lr, "epochs": args.epochs,
+                         "episodes": args.episodes}, command="dmpo_divergence", what="--out")
     out.mkdir(parents=True, exist_ok=True)
     pairs = read_pairs(args.run / "iter-1" / "pairs.jsonl")
     files = {"start": out / "pairs-start.jsonl", "div": out / "pairs-div.jsonl"}

@@ -68,3 +68,21 @@ def test_a_study_folder_refuses_other_settings(study, tmp_path):
     _write(older / "archer-s0", [{"iteration": 0, "env_steps": 0, "eval/return": -2.0}], {"eval": [{}]})
     with pytest.raises(SystemExit, match=r"holds finished runs but no study.json"):
         study.check_study(older, made)
+
+
+def test_the_report_of_a_short_study_and_a_failed_run(study, tmp_path):
+    """Two iterations gave fewer points than the 3-iteration smoothing window: numpy swapped the arrays
+    and the report crashed after every run had finished. A failed child run was a 30-line traceback of
+    this script; it is one line with the command's own error."""
+    run = tmp_path / "archer-s0"
+    _write(run, [{"iteration": 0, "env_steps": 0, "eval/return": -2.0},
+                 {"iteration": 1, "env_steps": 10, "train/return": -1.5, "train/invalid": 0.2},
+                 {"iteration": 2, "env_steps": 20, "train/return": -1.0, "train/invalid": 0.1, "eval/return": -1.2}],
+           {"eval": [{}]})
+    res = study.report(study.ENVS["tictactoe"], tmp_path, ["archer"], [0], None)
+    assert res["methods"]["archer"]["final"] == -1.2 and (tmp_path / "results.md").is_file()
+    import sys
+
+    with pytest.raises(SystemExit, match=r"^error: turnrl train archer failed \(exit 2\): error: bad \(log: "):
+        study.run_child([sys.executable, "-c", "import sys; print('error: bad'); sys.exit(2)", "train", "archer"],
+                        tmp_path / "child.log")

@@ -60,3 +60,22 @@ def test_dmpo_divergence_bad_pairs_file_is_a_one_line_error(tmp_path: Path, load
     assert dmpo.main(["--run", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run / 'iter-1' / 'pairs.jsonl'}:1: invalid JSON") and len(err.splitlines()) == 1
+
+
+def test_dmpo_divergence_refuses_an_out_made_with_other_settings(tmp_path: Path, load_script,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Every stage is reused when done: a rerun with another --lr reported the first run's numbers under
+    the new settings. It is refused in one line; --episodes 0 (nan rows, exit 0) is a usage error."""
+    dmpo = load_script("dmpo_divergence")
+    run = tmp_path / "run"
+    (run / "sft" / "model").mkdir(parents=True)
+    (run / "iter-1").mkdir()
+    (run / "iter-1" / "pairs.jsonl").write_text("not json\n")
+    out = tmp_path / "out"
+    assert dmpo.main(["--run", str(run), "--out", str(out), "--lr", "3e-5"]) == 2  # records its settings first
+    capsys.readouterr()
+    assert dmpo.main(["--run", str(run), "--out", str(out), "--lr", "1e-2"]) == 2
+    err = capsys.readouterr().err
+    assert "made with other settings (lr: 3e-05, now 0.01)" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        dmpo.main(["--run", str(run), "--out", str(tmp_path / "o2"), "--episodes", "0"])

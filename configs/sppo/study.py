@@ -1,4 +1,5 @@
-"""Iterative SPPO vs iterative DPO on self-play pairs, several seeds (docs/methods/sppo.md).
+"""Iterative SPPO vs iterative DPO on self-play pairs, several seeds (an example study: the measured
+SPPO rows of docs/methods/sppo.md come from ``turnrl compare``).
 
     python configs/sppo/study.py --config configs/sppo/study.yaml --out runs/sppo-study --seeds 0 1 2
 

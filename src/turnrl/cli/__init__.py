@@ -544,8 +544,10 @@ def _setting_as_flag_hint(e: Exception, ctx: Any) -> str:
         return ""
     if [p for p in getattr(e, "possibilities", None) or () if p != "--help"]:  # a near flag: click names it
         return ""
+    flags = [o for p in ctx.command.params for o in getattr(p, "opts", ()) if o.startswith("--") and o != "--help"]
     key = name.lstrip("-").replace("-", "_")
-    return f"; this command's settings are key=value arguments, not flags: write {key}=VALUE"
+    return (f"; its flags are {', '.join(flags)}, and its settings key=value arguments: if {key} is a setting, "
+            f"write {key}=VALUE")
 
 
 def _click_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
