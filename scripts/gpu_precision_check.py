@@ -37,6 +37,8 @@ def main() -> None:
     args = ap.parse_args()
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)
+    from turnrl.models.loading import model_ref  # ./tiny for work=. (the name tiny is the embedded model)
+
     tiny = build_tiny(work / "tiny", episodes_per_split=10)
 
     def run(code: str, argv: list[str], cpu: bool = False) -> None:
@@ -52,7 +54,7 @@ def main() -> None:
                     "--env-opt", f"opponent={opponent}", "--out", str(work / f"{policy}-{opponent}.jsonl")])
     run("new", ["pairs", "--expert", str(work / "expert-random.jsonl"), "--explored", str(work / "random-random.jsonl"),
                 "--out", str(work / "pairs.jsonl")])
-    sft = ["train", "sft", "--model", str(tiny), "--data", str(work / "expert-noisy.jsonl"), "max_steps=3",
+    sft = ["train", "sft", "--model", model_ref(tiny), "--data", str(work / "expert-noisy.jsonl"), "max_steps=3",
            "batch_size=4", "row_tokens=1024", "warmup_ratio=0", "lr=1e-5"]
     run("new", [*sft, "--out", str(work / "sft-cpu")], cpu=True)
     start = load_file(str(tiny / "model.safetensors"))
@@ -69,11 +71,11 @@ def main() -> None:
         res[f"{code}_sft_moved_share"] = sum(
             int((should[k] & (w[k].float() != start[k].float())).sum()) for k in should) / moved_by_fp32
         out = work / f"dpo-{code}"
-        run(code, ["train", "dpo", "--model", str(tiny), "--pairs", str(work / "pairs.jsonl"), "--out", str(out),
+        run(code, ["train", "dpo", "--model", model_ref(tiny), "--pairs", str(work / "pairs.jsonl"), "--out", str(out),
                    "max_steps=2", "batch_size=4", "lr=1e-4", "warmup_ratio=0", "mixed_precision=bf16"])
         res[f"{code}_dpo_step1_loss_minus_log2"] = _rows(out)[0]["loss"] - math.log(2)
         out = work / f"ppo-{code}"
-        run(code, ["train", "ppo", "--model", str(tiny), "--env", "tictactoe", "--out", str(out),
+        run(code, ["train", "ppo", "--model", model_ref(tiny), "--env", "tictactoe", "--out", str(out),
                    "env_opts.opponent=random", "instruction=Tic-tac-toe, you are X. Reply ACTION=<cell>.",
                    "iterations=2", "episodes_per_iter=8", "num_envs=8", "minibatches=2", "ppo_epochs=1",
                    "max_new_tokens=4", "save_every=2", "lr=1e-4", "row_tokens=1024", "mixed_precision=bf16"])

@@ -1640,3 +1640,20 @@ def test_a_folder_no_pipeline_made_is_not_taken_over(tmp_path: Path) -> None:
     empty.mkdir()
     check_settings(empty, {"a": 1})
     assert (legacy / "settings.json").is_file() and (empty / "settings.json").is_file()
+
+
+def test_a_budget_that_trains_nothing_is_refused_only_where_read_and_by_its_key() -> None:
+    """sft.epochs=0 matters only where the pipeline trains its start (no model given), train.epochs=0
+    only with iterations (in a comparison: rows that train it); the key is named as the config has it."""
+    from turnrl.pipelines.compare import CompareConfig, _check
+    from turnrl.pipelines.eto import EtoConfig
+
+    load_config(EtoConfig, overrides=["model=tiny", "sft.epochs=0"]).check()  # SFT does not run
+    load_config(EtoConfig, overrides=["iterations=0", "train.epochs=0"]).check()  # no preference step
+    with pytest.raises(TurnRLError, match=r"^pipeline.sft.epochs=0 and pipeline.sft.max_steps=0: nothing"):
+        _check(load_config(CompareConfig, overrides=["pipeline.sft.epochs=0"]))
+    _check(load_config(CompareConfig, overrides=["methods=[sft,rft]", "pipeline.train.epochs=0"]))
+    with pytest.raises(TurnRLError, match=r"^pipeline.train.epochs=0 and pipeline.train.max_steps=0"):
+        _check(load_config(CompareConfig, overrides=["methods=[sft,eto]", "pipeline.train.epochs=0"]))
+    with pytest.raises(TurnRLError, match=r"^compare config, section sppo: train.epochs=0 and train.max_steps=0"):
+        _check(load_config(CompareConfig, overrides=["methods=[sft,sppo]", "sppo={train: {epochs: 0}}"]))

@@ -729,7 +729,8 @@ def test_a_pair_cut_to_the_same_tokens_on_both_sides_is_skipped_and_counted(tiny
     end1 = max(i for i, t in enumerate(full.turn_index) if t == 1) + 1
     units, stats = load_units(tmp_path / "pairs.jsonl", chat, PreferenceConfig(max_length=len(full.input_ids)))
     assert len(units) == 2 and stats["skipped_identical"] == 0
-    with pytest.raises(Exception, match="cut by it to the same tokens on both sides"):
+    with pytest.raises(Exception, match=r"no usable pairs \(2 with the same tokens on both sides \(as written, or "
+                                         r"once cut by max_length\)\)"):
         load_units(tmp_path / "pairs.jsonl", chat, PreferenceConfig(max_length=end1 + 5))
     # under a history window too: a pair whose sides are the same game gives the same views (it was
     # trained at loss log 2, its float noise made into full AdamW steps)
@@ -883,7 +884,9 @@ def test_an_empty_pairs_file_and_a_cut_reference_cache_are_named(tiny_dir: Path,
     preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / "o1",
                                 preference.PreferenceConfig(max_steps=1))
     (cache,) = (tmp_path / "home" / "ref_logps").iterdir()
-    cache.write_bytes(cache.read_bytes()[:20])
-    with pytest.raises(TurnRLError, match=rf"^{re.escape(str(cache))}: the cached reference log-probs cannot be read"):
-        preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / "o2",
-                                    preference.PreferenceConfig(max_steps=1))
+    whole = cache.read_bytes()
+    for k, cut in enumerate((whole[:20], whole[:2], b"not a torch file")):  # cut anywhere (pickle's errors too)
+        cache.write_bytes(cut)
+        with pytest.raises(TurnRLError, match=rf"^{re.escape(str(cache))}: the cached reference log-probs cannot be"):
+            preference.train_preference(str(tiny_dir), tmp_path / "p.jsonl", tmp_path / f"o{k + 2}",
+                                        preference.PreferenceConfig(max_steps=1))

@@ -283,7 +283,10 @@ def _check(cfg: CompareConfig) -> None:
     cfg.pipeline.check_trainer_sections("pipeline.", in_compare=True)
     if {"dmpo", "loser_length"} & set(cfg.methods):  # their rows train pipeline.train with dmpo
         cfg.pipeline.train.check_loss("dmpo", "pipeline.train.")
-    cfg.pipeline.check()
+    # named with their prefix, before pipeline.check() names them without it; train only where a row trains it
+    reads_train = bool({"eto", "dmpo", "loser_length"} & set(cfg.methods))
+    cfg.pipeline.check_budgets("pipeline.", reads_train=reads_train)
+    cfg.pipeline.check(reads_train)
     if {"sppo", "sppo_dpo"} & set(cfg.methods):
         check_compare_section(cfg.sppo, [{"sppo": "sppo", "sppo_dpo": "dpo"}[m] for m in cfg.methods
                                          if m in ("sppo", "sppo_dpo")])

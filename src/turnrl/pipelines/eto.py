@@ -178,7 +178,20 @@ class AgentPipelineConfig(Config):
                         why = f"the pipeline trains with its own {key} ({getattr(self, key)}); set {key} instead"
                     raise TurnRLError(f"{prefix}{section}.{key}={getattr(given, key)} is not used: {why}")
 
-    def check_common(self) -> None:
+    def check_budgets(self, prefix: str = "", *, reads_train: bool | None = None) -> None:
+        """One line, before the demos and the model, for a section that would train nothing (``epochs=0``
+        with ``max_steps=0``) where the run reads it: ``sft`` when no ``model`` is given, ``train`` when
+        there are iterations (``reads_train``: a comparison's rows decide). ``prefix`` goes before the
+        keys (``pipeline.``); the first call that raises names them."""
+        if "sft" in type(self).model_fields and self.model is None:
+            self.sft.check_budget(f"{prefix}sft.")
+        if reads_train is None:
+            reads_train = getattr(self, "iterations", 1) > 0
+        train = getattr(self, "train", None)
+        if train is not None and reads_train:
+            train.check_budget(f"{prefix}train.")
+
+    def check_common(self, reads_train: bool | None = None) -> None:
         """Before any work, one line for: an unknown env, a bad env option (the env is built once),
         a starting model path that is no model folder, an unknown split in ``eval_splits``, a
         ``train.ref_model``, ``*.seed`` or ``*.history`` (which the pipeline would ignore)."""
@@ -198,9 +211,7 @@ class AgentPipelineConfig(Config):
             if s not in ("train", "seen", "unseen"):
                 raise TurnRLError(f"eval_splits: unknown split '{s}'; choose from: train, seen, unseen")
         self.check_trainer_sections()
-        for section in ("sft", "train"):  # nothing to train: before the demos and the model, not after
-            if section in type(self).model_fields:
-                getattr(self, section).check_budget(f"{section}.")
+        self.check_budgets(reads_train=reads_train)
         train = getattr(self, "train", None)
         if train is not None and train.ref_model is not None:  # train_iteration sets it: it would do nothing
             raise TurnRLError(f"train.ref_model={train.ref_model}: each iteration's reference is the agent it "
@@ -237,9 +248,10 @@ class EtoConfig(AgentPipelineConfig):
                     "explore_temperature": Range(0), "sample_temperature": Range(0), "truncate_k": Range(0),
                     "explore_tasks": Range(1), "rft_epochs": Range(0, lo_open=True)}
 
-    def check(self) -> EtoConfig:
-        """Cross-field checks, one line each."""
-        self.check_common()
+    def check(self, reads_train: bool | None = None) -> EtoConfig:
+        """Cross-field checks, one line each (``reads_train``: whether ``train`` is read, where a
+        comparison's rows decide; None: when there are iterations)."""
+        self.check_common(reads_train)
         if self.self_play and self.pairs != "trajectory":
             raise TurnRLError(f"self_play pairs a task's own samples; pairs={self.pairs} needs expert data")
         if self.train.loss not in ("dpo", self.loss):  # train_iteration trains with ``loss``: it would be ignored

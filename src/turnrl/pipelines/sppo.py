@@ -348,6 +348,7 @@ def check_compare_section(section: dict[str, Any], losses: Sequence[str] = ()) -
     try:
         cfg.check_oracle()
         cfg.check_trainer_sections(in_compare=True)
+        cfg.train.check_budget("train.")  # the rows train it (their start is the seed's SFT agent: no sft)
         for loss in losses:
             cfg.train.check_loss(loss, "train.")
         if losses:

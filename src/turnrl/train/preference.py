@@ -298,9 +298,12 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
     if not stats["records"]:
         raise TurnRLError(f"{p}: holds no {'samples' if cfg.loss == 'sppo' else 'pairs'}")
     if not units:
-        raise TurnRLError(f"{p}: no usable {'samples' if cfg.loss == 'sppo' else 'pairs'} "
-                          f"(every one is empty or longer than max_length={cfg.max_length}"
-                          f"{', or cut by it to the same tokens on both sides' if stats['skipped_identical'] else ''})")
+        what = "samples" if cfg.loss == "sppo" else "pairs"
+        parts = [f"{n} {why}" for n, why in ((stats["skipped_too_long"], f"longer than max_length={cfg.max_length} "
+                                               "at their first turn, or empty"),
+                                              (stats["skipped_identical"], "with the same tokens on both sides "
+                                               "(as written, or once cut by max_length)")) if n]
+        raise TurnRLError(f"{p}: no usable {what} ({'; '.join(parts) or 'none'})")
     return units, stats
 
 
@@ -471,7 +474,7 @@ def _load_cache(cache: Path) -> Any:
     """The reference log-probs cached in ``cache``; one line naming it when it cannot be read (cut)."""
     try:
         return torch.load(cache, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001  a cut file: RuntimeError, EOFError, UnpicklingError; a foreign one: KeyError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TurnRLError(f"{cache}: the cached reference log-probs cannot be read ({first}); delete it and "
                           "rerun") from None
