@@ -193,12 +193,7 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
     sampling, fingerprint = settings.get("sampling"), settings.get("model_fingerprint")
     splits = {s.split for s in specs}
     planned = {s.episode_id(env_name): s for s in specs}
-    defaults = envs.env_defaults(env_name) if env_name in envs.names() else {}
-
-    def resolved(opts: dict[str, Any]) -> Any:  # as the file reads them back: a tuple is a list
-        return json.loads(json.dumps({**defaults, **opts}, default=repr))
-
-    ours = resolved(env_opts)
+    ours = envs.resolved_options(env_name, env_opts)
     for t in done.values():
         theirs = t.meta.get("policy")
         # a model folder moved or copied since (a moved run's folder) is the same policy: same weights
@@ -207,7 +202,7 @@ def _check_resumable(out: Path, done: dict[str, Trajectory], specs: Sequence[Epi
             raise TurnRLError(f"{out}: holds episodes of another run (env '{t.env}', policy '{theirs or '?'}'; this "
                               f"run: env '{env_name}', policy '{policy_name}'); choose another --out or remove it")
         recorded = t.meta.get("env_opts", env_opts)
-        if not isinstance(recorded, dict) or resolved(recorded) != ours:
+        if not isinstance(recorded, dict) or envs.resolved_options(env_name, recorded) != ours:
             raise TurnRLError(f"{out}: holds episodes played with other env options ({json.dumps(t.meta['env_opts'])}; "
                               f"this run: {json.dumps(env_opts)}); choose another --out or remove it")
         if splits and t.split not in splits:

@@ -423,10 +423,7 @@ def pairs(
         if not tau > 0:
             raise TurnRLError(f"--tau must be > 0 (got {tau})")
         records = P.scored_samples(explored_trajs, tau=tau)
-        if records and all(r.meta.get("group_size") == 1 for r in records):
-            raise TurnRLError(f"every task of {', '.join(map(str, explored))} has one sample: its win rate would be "
-                              "1/2 and SPPO's target 0 (nothing to train); give several samples a task, e.g. "
-                              "several --explored files of the same tasks collected with other --seed values")
+        P.check_several_samples(records, ", ".join(map(str, explored)))
     elif mode == "self-play":
         if expert:
             raise TurnRLError("--expert: --mode self-play pairs the explored samples with each other (it would be "

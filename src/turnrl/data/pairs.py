@@ -177,12 +177,11 @@ def _one_env(*groups: Iterable[Trajectory], games: str = "the expert and explore
                           f"games: give {games} of one env")
     from turnrl import envs
 
-    defaults = envs.env_defaults(names[0]) if names and names[0] in envs.names() else {}
-    settings: list[tuple[Any, dict[str, Any]]] = []  # (options as a file reads them back, as recorded)
+    settings: list[tuple[Any, dict[str, Any]]] = []  # (options with the defaults filled in, as recorded)
     for t in (t for g in groups for t in g):
         opts = t.meta.get("env_opts")
         if isinstance(opts, dict):
-            full = json.loads(json.dumps({**defaults, **opts}, default=repr))  # a tuple reads back as a list
+            full = envs.resolved_options(names[0] if names else t.env, opts)
             if all(full != f for f, _ in settings):
                 settings.append((full, opts))
     if len(settings) > 1:
@@ -358,6 +357,16 @@ def self_play_pairs(
 # The environment-reward oracle lives with the other preference oracles (turnrl.oracles);
 # the name RewardOracle is kept for existing callers.
 RewardOracle = EnvRewardOracle
+
+
+def check_several_samples(samples: Sequence[Trajectory], where: str) -> None:
+    """One line where every scored sample is its task's only one (``meta.group_size`` 1): each win rate
+    is then 1/2 and every SPPO target 0, so training would not move (``turnrl pairs --scored`` and
+    ``turnrl train sppo``; ``where`` names the files)."""
+    if samples and all(t.meta.get("group_size") == 1 for t in samples):
+        raise TurnRLError(f"{where}: every sample is its task's only one (each task has one sample: its win rate "
+                          "would be 1/2 and SPPO's target 0, nothing to train); give several samples a task, e.g. "
+                          "several --explored files of the same tasks collected with other --seed values")
 
 
 def scored_samples(samples: Sequence[Trajectory], *, tau: float = 1.0) -> list[Trajectory]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,15 @@ def env_defaults(name: str) -> dict[str, Any]:
     sig = inspect.signature(_factory(name))
     return {n: p.default for n, p in sig.parameters.items()
             if p.default is not p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def resolved_options(name: str, opts: dict[str, Any]) -> Any:
+    """``opts`` as a trajectory file records and reads them back, with env ``name``'s defaults filled
+    in: ``opponent=random`` given equals it left unset, and a tuple reads back as a list. Two such
+    values compare equal when the env was built alike (``1 == 1.0``). An env not registered here (an
+    import's) has no defaults to fill."""
+    defaults = env_defaults(name) if name in names() else {}
+    return json.loads(json.dumps({**defaults, **opts}, default=repr))
 
 
 _loaded = False

@@ -42,6 +42,7 @@ import torch
 
 from turnrl.config import Range
 from turnrl.data.io import read_pairs, read_trajectories
+from turnrl.data.pairs import check_several_samples
 from turnrl.data.schema import Pair, Trajectory
 from turnrl.errors import TurnRLError
 from turnrl.losses import chosen_nll, dmpo_loss, dpo_loss, ipo_loss, sppo_loss, turn_logps
@@ -248,10 +249,7 @@ def load_units(path: str | Path, chat: ChatFormat, cfg: PreferenceConfig) -> tup
                 raise TurnRLError(f"{e}: sppo trains on scored samples (turnrl pairs --scored), not pairs") from None
             raise
         stats["records"] = len(samples)
-        if samples and all(t.meta.get("group_size") == 1 for t in samples):
-            raise TurnRLError(f"{p}: every sample is its task's only one, so each win rate is 1/2 and SPPO's target "
-                              "0: training would not move; score several samples a task (turnrl pairs --scored "
-                              "with --explored files of the same tasks)")
+        check_several_samples(samples, str(p))
         for i, t in enumerate(samples):
             where = f"{p}:{i + 1}"
             win_rate, start = _win_rate(t.meta, where), _train_from(t.meta, where, t)
